@@ -1,0 +1,3 @@
+from backendgen.cli import main
+
+main()
