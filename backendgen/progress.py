@@ -1,0 +1,47 @@
+"""Progress lines: one per step, with its time. The library reports; the CLI decides how to show it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+
+class Reporter:
+    """Silent by default (library use, tests)."""
+
+    def step_done(self, name: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def info(self, message: str) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        start = time.monotonic()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self.step_done(name, time.monotonic() - start, ok)
+
+
+class ConsoleReporter(Reporter):
+    def __init__(self, console, quiet: bool = False):
+        self.console = console
+        self.quiet = quiet
+
+    def step_done(self, name, seconds, ok):
+        if not self.quiet or not ok:
+            mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
+            self.console.print(f"{mark} {name} [dim]{seconds:.1f} s[/dim]", highlight=False)
+
+    def info(self, message):
+        if not self.quiet:
+            self.console.print(message, highlight=False)
+
+    def warn(self, message):
+        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)

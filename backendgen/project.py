@@ -1,0 +1,229 @@
+"""A generated project on disk: its metadata file, a lock, and transactional edits.
+
+`backendgen.json` at the project root records what the project was generated from and every
+operator it registers with its schema and C++ signature; `add-op`, `ops` and `check` read it.
+Edits go through `Transaction`, which restores every touched file if anything fails, so a failed
+or interrupted command leaves the project as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backendgen.errors import LockedError, ProjectError
+
+METADATA_FILE = "backendgen.json"
+METADATA_FORMAT = 1
+LOCK_FILE = ".backendgen.lock"
+_REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see the old or the new content, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        if path.exists():
+            shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class OpRecord:
+    op: str  # "aten::mul.out"
+    schema: str  # "aten::mul.out(Tensor self, …) -> Tensor(a!)"
+    signature: str  # C++ kernel signature
+    source: str  # file that registers it, relative to the project root
+    origin: str  # "template" or "add-op"
+    test: str | None = None
+    requested: str | None = None
+    covers: list[str] = field(default_factory=list)
+    source_sha256: str | None = None  # as generated; a different hash means the user edited it
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+        return d
+
+
+@dataclass
+class Project:
+    root: Path
+    data: dict
+
+    @property
+    def device(self) -> str:
+        return self.data["device"]
+
+    @property
+    def package(self) -> str:
+        return self.data["package"]
+
+    @property
+    def torch_version(self) -> str:
+        return self.data["torch"]["version"]
+
+    @property
+    def yaml_sha256(self) -> str | None:
+        return self.data["torch"].get("native_functions_sha256")
+
+    @property
+    def ops(self) -> list[OpRecord]:
+        return [OpRecord(**d) for d in self.data["ops"]]
+
+    def find_op(self, qualified: str) -> OpRecord | None:
+        for rec in self.ops:
+            if rec.op == qualified:
+                return rec
+        return None
+
+    def covering(self, qualified: str) -> OpRecord | None:
+        """The record whose kernel makes `qualified` native (the op itself or a structured variant)."""
+        for rec in self.ops:
+            if rec.op == qualified or qualified in rec.covers:
+                return rec
+        return None
+
+    def add_op(self, rec: OpRecord) -> None:
+        self.data["ops"] = [d for d in self.data["ops"] if d["op"] != rec.op] + [rec.to_json()]
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.root / METADATA_FILE
+
+    def save(self) -> None:
+        write_atomic(self.metadata_path, json.dumps(self.data, indent=2, sort_keys=False) + "\n")
+
+    @classmethod
+    def load(cls, root: Path) -> Project:
+        root = Path(root)
+        path = root / METADATA_FILE
+        if not root.is_dir():
+            raise ProjectError(f"{root} is not a directory")
+        if not path.is_file():
+            raise ProjectError(
+                f"{root} is not a backendgen project (no {METADATA_FILE}); run inside a generated project or pass --project DIR"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ProjectError(f"{path} is corrupted ({e}); restore it from version control") from None
+        if not isinstance(data, dict) or any(k not in data for k in _REQUIRED):
+            missing = [k for k in _REQUIRED if not isinstance(data, dict) or k not in data]
+            raise ProjectError(f"{path} is missing {', '.join(missing)}; restore it from version control")
+        if data["format"] != METADATA_FORMAT:
+            raise ProjectError(f"{path} has metadata format {data['format']}; this backendgen reads format {METADATA_FORMAT}")
+        if not isinstance(data["ops"], list) or not all(isinstance(d, dict) and "op" in d and "schema" in d for d in data["ops"]):
+            raise ProjectError(f"{path}: 'ops' is malformed; restore it from version control")
+        try:
+            [OpRecord(**d) for d in data["ops"]]
+        except TypeError as e:
+            raise ProjectError(f"{path}: an op entry is malformed ({e})") from None
+        return cls(root.resolve(), data)
+
+    @classmethod
+    def find(cls, start: Path | None = None) -> Project:
+        """The project containing `start` (default: the current directory)."""
+        start = Path(start or Path.cwd()).resolve()
+        for d in (start, *start.parents):
+            if (d / METADATA_FILE).is_file():
+                return cls.load(d)
+        raise ProjectError(
+            f"not inside a backendgen project ({METADATA_FILE} not found in {start} or above); pass --project DIR"
+        )
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold an exclusive lock on the project for one command."""
+        path = self.root / LOCK_FILE
+        try:
+            fh = open(path, "a+")
+        except OSError as e:
+            raise ProjectError(f"cannot write to {self.root}: {e.strerror}") from None
+        try:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise LockedError(
+                        f"another backendgen command is working on {self.root}; wait for it to finish"
+                    ) from None
+                raise
+            yield self
+        finally:
+            fh.close()
+
+
+class Transaction:
+    """Remembers files before they are written and puts them back if the block fails.
+
+    Files that did not exist are removed again. Used as a context manager; `commit()` keeps the
+    changes (also implied by leaving the block without an exception unless `keep=False`).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._saved: dict[Path, bytes | None] = {}
+        self._dirs: list[Path] = []
+
+    def _remember(self, path: Path) -> None:
+        path = Path(path)
+        if path in self._saved:
+            return
+        self._saved[path] = path.read_bytes() if path.exists() else None
+        d = path.parent
+        missing = []
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        self._dirs.extend(reversed(missing))
+
+    def write(self, path: Path, text: str) -> None:
+        self._remember(path)
+        write_atomic(path, text)
+
+    def touch_file(self, path: Path) -> None:
+        """Remember `path` so that a rollback restores it after someone else rewrites it."""
+        self._remember(path)
+
+    @property
+    def written(self) -> list[Path]:
+        return list(self._saved)
+
+    def rollback(self) -> None:
+        for path, content in reversed(list(self._saved.items())):
+            if content is None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            else:
+                path.write_bytes(content)
+        for d in reversed(self._dirs):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        self._saved.clear()
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self.rollback()
+        return False
