@@ -1,0 +1,242 @@
+"""From one resolved operator to a kernel source file and a test file.
+
+`plan_kernel` decides which overload gets the kernel (for a structured op that is the out=
+overload, which makes the functional, in-place and out= forms all native) and refuses operators
+a kernel cannot serve (CompositeImplicitAutograd decompositions, views). `render_kernel` and
+`render_test` fill the jinja templates in `template/ops/` with the exact C++ signature from
+torchgen and a body that runs the CPU kernel on the device memory (zero-copy: the emulated device's
+memory is host memory). That body is where a hardware team calls its SDK.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from backendgen.errors import CompositeOpError, UserError
+from backendgen.opdb import Op, OpDB
+
+K = "kernels"  # the namespace of csrc/aten/kernel_support.h inside the device namespace
+
+
+@dataclass
+class KernelPlan:
+    requested: Op
+    target: Op  # the overload that gets the kernel
+    covers: list[str]  # qualified names that become native through it
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def file_stem(self) -> str:
+        t = self.target
+        return t.base if t.overload in ("", "out") else f"{t.base}_{t.overload}"
+
+
+def _family(db: OpDB, target: Op) -> list[Op]:
+    """The overloads that run through `target` because it is their structured out= kernel."""
+    return [op for op in db.all() if op.structured_delegate == target.name]
+
+
+def plan_kernel(db: OpDB, requested: Op) -> KernelPlan:
+    notes = []
+    target = requested
+    if requested.structured_delegate:
+        target = db.get(requested.structured_delegate)
+        if target is None:  # pragma: no cover - the yaml is self-consistent
+            raise UserError(f"{requested.qualified} delegates to unknown {requested.structured_delegate}")
+        notes.append(
+            f"{requested.qualified} is structured: registering {target.qualified} makes "
+            f"{', '.join(o.qualified for o in _family(db, target))} and {target.qualified} native"
+        )
+    elif requested.composite_implicit:
+        raise CompositeOpError(
+            f"{requested.qualified} is CompositeImplicitAutograd: PyTorch decomposes it into other operators before a "
+            "backend sees it, so it needs no kernel; add the operators it decomposes into instead (run it on the device "
+            "with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
+        )
+    if any(r.startswith("Tensor(") and "!" not in r for r in target.returns):
+        raise UserError(
+            f"{target.qualified} returns a view of its input; backendgen generates kernels for computing ops only "
+            "(views are served by the backend's as_strided/view kernels)"
+        )
+    covers = [target.qualified] + [o.qualified for o in _family(db, target)]
+    if target.composite_explicit:
+        notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
+    elif not target.needs_backend_kernel and not target.structured:
+        notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
+    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes)
+
+
+# --- the kernel body ---------------------------------------------------------------------------
+
+_TENSOR = {"const at::Tensor &", "at::Tensor &"}
+_OPT_TENSOR = "const ::std::optional<at::Tensor> &"
+_LISTS = {"at::TensorList", "const at::ITensorListRef &", "const c10::List<::std::optional<at::Tensor>> &"}
+
+
+@dataclass
+class Body:
+    setup: list[str]  # device guard (and what it needs)
+    prelude: list[str]  # host aliases of the arguments
+    call: str
+    epilogue: list[str]  # write mutated arguments back, move new results to the device
+    ret: str | None
+
+
+def _split_tuple(cpp: str) -> list[str]:
+    inner = cpp[len("::std::tuple<") : -1]
+    parts, depth, cur = [], 0, ""
+    for ch in inner:
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur.strip())
+    return parts
+
+
+def kernel_body(op: Op) -> Body:
+    """C++ statements that run `op` on host aliases of the device memory."""
+    setup, prelude, epilogue, call_args = [], [], [], []
+    writes: list[str] = []
+    guard = None
+    device_expr = None
+    for a in op.args:
+        t, n = a.cpp_type, a.name
+        if t in _TENSOR:
+            if guard is None:
+                guard = n
+            if a.is_write or t == "at::Tensor &":
+                prelude.append(f"at::Tensor {n}_h = {K}::host_alias({n});")
+                epilogue.append(f"{K}::write_back({n}, {n}_h);")
+                writes.append(n)
+                call_args.append(f"{n}_h")
+            else:
+                call_args.append(f"{K}::host_alias({n})")
+        elif t == _OPT_TENSOR:
+            call_args.append(f"{K}::host_alias({n})")
+        elif t in _LISTS:
+            prelude.append(f"auto {n}_h = {K}::host_alias({n});")
+            if a.is_write:
+                epilogue.append(f"for (size_t i = 0; i < {n}.size(); ++i) {K}::write_back({n}[i], {n}_h[i]);")
+            call_args.append(f"{n}_h")
+            if guard is None and t != "const c10::List<::std::optional<at::Tensor>> &":
+                guard = f"{n}_first"
+                setup.append(f"at::Tensor {n}_first = {n}.size() ? *{n}.begin() : at::Tensor();")
+        elif t == "::std::optional<at::Device>":
+            device_expr = f"{n}.value_or(c10::Device(c10::DeviceType::PrivateUse1))"
+            call_args.append("::std::optional<at::Device>(at::kCPU)")
+        elif "Tensor" in t:
+            raise UserError(f"{op.qualified}: argument {n} of C++ type {t} is not supported by the generator yet")
+        else:
+            call_args.append(n)
+    if device_expr is None:
+        device_expr = f"{K}::device_of({guard})" if guard else "c10::Device(c10::DeviceType::PrivateUse1)"
+    if guard:
+        setup.append(f"c10::OptionalDeviceGuard guard({K}::device_of({guard}));")
+    to_dev = f"const c10::Device device = {device_expr};"
+    call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
+    ret_cpp = op.returns_cpp
+    if ret_cpp == "void":
+        return Body(setup, prelude, call + ";", epilogue, None)
+    if ret_cpp == "at::Tensor &":
+        return Body(setup, prelude, call + ";", epilogue, writes[0] if writes else None)
+    if ret_cpp.startswith("::std::tuple<") and "&" in ret_cpp:
+        return Body(setup, prelude, call + ";", epilogue, f"::std::forward_as_tuple({', '.join(writes)})")
+    if ret_cpp == "at::Tensor":
+        return Body(setup, prelude, f"at::Tensor result = {call};", epilogue + [to_dev], f"{K}::to_device(result, device)")
+    if ret_cpp == "::std::vector<at::Tensor>":
+        return Body(
+            setup,
+            prelude,
+            f"::std::vector<at::Tensor> result = {call};",
+            epilogue + [to_dev, f"for (auto& t : result) t = {K}::to_device(t, device);"],
+            "result",
+        )
+    if ret_cpp.startswith("::std::tuple<"):
+        parts = _split_tuple(ret_cpp)
+        items = [
+            f"{K}::to_device(::std::get<{i}>(result), device)" if p == "at::Tensor" else f"::std::get<{i}>(result)"
+            for i, p in enumerate(parts)
+        ]
+        if any("Tensor" in p and p != "at::Tensor" for p in parts):
+            raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
+        return Body(setup, prelude, f"auto result = {call};", epilogue + [to_dev], f"{ret_cpp}({', '.join(items)})")
+    if "Tensor" in ret_cpp:
+        raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
+    return Body(setup, prelude, f"auto result = {call};", epilogue, "result")
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+def _env():
+    import jinja2
+
+    from backendgen.render import template_dir
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir() / "ops")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _ident(s: str) -> str:
+    return re.sub(r"\W", "_", s)
+
+
+def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str) -> str:
+    op = plan.target
+    body = kernel_body(op)
+    return _env().get_template("kernel.cpp.j2").render(
+        device=device,
+        torch_version=torch_version,
+        op=op,
+        plan=plan,
+        body=body,
+        namespace=_ident(f"{op.base}_{op.overload}" if op.overload else op.base),
+        source_path=source_path,
+    )
+
+
+def opinfo_hints(op: Op) -> list[str]:
+    """Names of OpInfos whose samples are likely to call `op` (searched by the generated test)."""
+    base = op.base.rstrip("_")
+    hints = [base]
+    stripped = base.lstrip("_")
+    for prefix in ("native_", "_native_"):
+        if stripped.startswith(prefix):
+            stripped = stripped[len(prefix):]
+    for suffix in ("_backward", "_forward"):
+        if stripped.endswith(suffix):
+            stripped = stripped[: -len(suffix)]
+    if stripped != base:
+        hints.append(stripped)
+    if stripped.startswith("convolution"):
+        hints.append("conv")
+    if stripped in ("index", "index_put"):
+        hints.append({"index": "__getitem__", "index_put": "__setitem__"}[stripped])
+    return list(dict.fromkeys(hints))
+
+
+def render_test(plan: KernelPlan, *, device: str, source_path: str) -> str:
+    op = plan.target
+    return _env().get_template("test_op.py.j2").render(
+        device=device,
+        op=op,
+        plan=plan,
+        source_path=source_path,
+        hints=opinfo_hints(op),
+        backward="backward" in op.base,
+    )
+
+
+def render_harness(*, device: str) -> str:
+    return _env().get_template("harness.py.j2").render(device=device)
