@@ -1,0 +1,327 @@
+"""The library entry points; the CLI is a thin layer over these, and tests call them directly.
+
+    new_backend("mychip", Path("torch-mychip"))      # render, build, test
+    add_ops(["aten::mul.Tensor"], Path("torch-mychip"))
+    list_ops("mul*", Path("torch-mychip"))
+    check(Path("torch-mychip"))
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backendgen import __version__, build, kernelgen, naming, render
+from backendgen.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.opdb import OpDB, load_opdb, torch_info
+from backendgen.progress import Reporter
+from backendgen.project import METADATA_FORMAT, OpRecord, Project, Transaction, sha256_of
+
+SUPPORTED_TORCH = ("2.13",)
+
+
+def _check_torch_supported(version: str) -> None:
+    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_TORCH):
+        raise EnvironmentProblem(
+            f"torch {version} is not supported by this backendgen (supported: {', '.join(SUPPORTED_TORCH)}.x); "
+            "pip install torch==2.13.0"
+        )
+
+
+# --- new ---------------------------------------------------------------------------------------
+
+@dataclass
+class NewResult:
+    root: Path
+    names: naming.Names
+    ops: list[str]
+    built: bool
+    tested: bool
+    backup: Path | None = None
+
+
+def new_backend(
+    device: str,
+    output: Path | None = None,
+    *,
+    package: str | None = None,
+    devices: int = 2,
+    build_it: bool = True,
+    test_it: bool = True,
+    force: bool = False,
+    reporter: Reporter | None = None,
+) -> NewResult:
+    rep = reporter or Reporter()
+    with rep.step("validate"):
+        naming.check_device_name(device)
+        if package is not None:
+            naming.check_package_name(package)
+        names = naming.derive(device, package)
+        if not 1 <= devices <= 64:
+            raise UserError(f"--devices must be between 1 and 64, not {devices}")
+        dest = Path(output) if output is not None else Path.cwd() / names.dist_name
+        dest = dest.absolute()
+        render.check_destination(dest, force=force)
+        _check_not_installed_elsewhere(names, dest)
+        info = torch_info()
+        _check_torch_supported(info.version)
+        if build_it:
+            build.check_toolchain()
+        db = load_opdb(info)
+    with rep.step("render"):
+        manifest = render.template_manifest()
+        context = {
+            **names.context(),
+            "num_devices": str(devices),
+            "torch_version": info.public_version,
+            "backendgen_version": __version__,
+            "template_version": str(manifest["template_version"]),
+        }
+        with render.staging_dir(dest) as staging:
+            rendered = render.render_into(staging, context)
+            project = Project(rendered, _initial_metadata(names, devices, db, manifest))
+            for name in manifest["builtin_ops"]:
+                op = db.resolve(name)
+                project.add_op(
+                    OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source="csrc/aten", origin="template")
+                )
+            tx = Transaction(rendered)
+            added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in manifest["default_ops"]]
+            project.save()
+            backup = render.move_into_place(rendered, dest)
+    result = NewResult(dest, names, added, built=False, tested=False, backup=backup)
+    if build_it:
+        with rep.step("build"):
+            build.build(dest, names.package, names.dist_name, incremental=False)
+        result.built = True
+        if test_it:
+            with rep.step("test"):
+                build.run_tests(dest)
+            result.tested = True
+    return result
+
+
+def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dict) -> dict:
+    return {
+        "format": METADATA_FORMAT,
+        "backendgen_version": __version__,
+        "template_version": str(manifest["template_version"]),
+        **names.context(),
+        "num_devices": devices,
+        "torch": {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256},
+        "ops": [],
+    }
+
+
+def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution(names.dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return
+    if not build.installed_from(dest, names.dist_name):
+        raise UserError(
+            f"{names.dist_name} is already installed in this environment (from another directory); "
+            f"pip uninstall {names.dist_name}, use another device name, or another --package"
+        )
+    del dist
+
+
+# --- add-op ------------------------------------------------------------------------------------
+
+@dataclass
+class AddOpsResult:
+    root: Path
+    added: list[str] = field(default_factory=list)  # qualified ops that got a kernel
+    unchanged: list[str] = field(default_factory=list)  # requested ops that were already native
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    built: bool = False
+    tested: bool = False
+
+
+def _paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
+    stem = plan.file_stem
+    return f"csrc/aten/ops/{stem}.cpp", f"tests/ops/test_{stem}.py"
+
+
+def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transaction) -> str:
+    """Write the kernel and test of one planned op and record it; return the qualified op."""
+    source, test = _paths(plan)
+    root = project.root
+    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version)
+    test_text = kernelgen.render_test(plan, device=project.device, source_path=source)
+    for rel, text in ((source, kernel_text), (test, test_text)):
+        path = root / rel
+        if path.exists() and path.read_text() != text:
+            raise ProjectError(
+                f"{rel} exists but backendgen.json does not record it; move it away (or record it) before adding {plan.target.qualified}"
+            )
+        tx.write(path, text)
+    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", kernelgen.render_harness(device=project.device))):
+        if not (root / rel).exists():
+            tx.write(root / rel, text)
+    project.add_op(
+        OpRecord(
+            op=plan.target.qualified,
+            schema=plan.target.qualified_schema,
+            signature=plan.target.signature,
+            source=source,
+            origin="add-op",
+            test=test,
+            requested=plan.requested.qualified,
+            covers=[c for c in plan.covers if c != plan.target.qualified],
+            source_sha256=sha256_of(root / source),
+        )
+    )
+    return plan.target.qualified
+
+
+def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelgen.KernelPlan], list[str]]:
+    """Plans for the ops not yet native in `project`, and the requested ops that already are."""
+    plans, unchanged, seen = [], [], set()
+    for name in names:
+        plan = kernelgen.plan_kernel(db, db.resolve(name))
+        target = plan.target.qualified
+        rec = project.covering(target)
+        if rec is not None:
+            if rec.source and rec.origin == "add-op" and not (project.root / rec.source).exists():
+                raise ProjectError(
+                    f"{target} is recorded but its kernel {rec.source} is missing; restore it (e.g. git checkout {rec.source})"
+                )
+            unchanged.append(plan.requested.qualified)
+            continue
+        if target in seen:
+            continue
+        seen.add(target)
+        kernelgen.kernel_body(plan.target)  # refuse unsupported signatures before writing anything
+        plans.append(plan)
+    return plans, unchanged
+
+
+def add_ops(
+    names: list[str],
+    project_dir: Path | None = None,
+    *,
+    build_it: bool = True,
+    test_it: bool = True,
+    dry_run: bool = False,
+    keep_on_failure: bool = False,
+    reporter: Reporter | None = None,
+) -> AddOpsResult:
+    rep = reporter or Reporter()
+    if not names:
+        raise UserError("name at least one operator, e.g. aten::mul.Tensor")
+    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    result = AddOpsResult(project.root)
+    with project.lock():
+        with rep.step("resolve"):
+            db = load_opdb()
+            if db.torch_version != project.torch_version:
+                raise ProjectError(
+                    f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed; "
+                    "run backendgen check and follow docs/upgrading.md first"
+                )
+            plans, result.unchanged = plan_ops(names, project, db)
+            for plan in plans:
+                result.notes.extend(plan.notes)
+        if not plans:
+            return result
+        if dry_run:
+            for plan in plans:
+                result.files += [project.root / p for p in _paths(plan)]
+                result.added.append(plan.target.qualified)
+            return result
+        tx = Transaction(project.root)
+        so = build.extension_path(project.root, project.package)
+        try:
+            with rep.step("write"):
+                if so is not None:
+                    tx.touch_file(so)  # a rollback also restores the built extension
+                result.added = [_write_op(project, db, plan, tx) for plan in plans]
+                tx.write(project.metadata_path, project_metadata_text(project))
+                result.files = [p for p in tx.written if p.exists() and p != so]
+            if build_it:
+                with rep.step("build"):
+                    build.build(project.root, project.package, project.data["dist_name"])
+                result.built = True
+                if test_it:
+                    with rep.step("test"):
+                        tests = [p for p in (_paths(plan)[1] for plan in plans)]
+                        build.run_tests(project.root, tests, name="add-op-test")
+                    result.tested = True
+        except BaseException as exc:
+            if keep_on_failure and not isinstance(exc, KeyboardInterrupt):
+                if hasattr(exc, "hint"):
+                    exc.hint = "the new files were kept (--keep-on-failure): " + ", ".join(
+                        str(p.relative_to(project.root)) for p in result.files
+                    )
+            else:
+                tx.rollback()
+            raise
+    return result
+
+
+def project_metadata_text(project: Project) -> str:
+    import json
+
+    return json.dumps(project.data, indent=2) + "\n"
+
+
+# --- ops ---------------------------------------------------------------------------------------
+
+@dataclass
+class OpStatus:
+    name: str
+    status: str  # native | fallback | default | composite
+    core: bool
+    schema: str
+
+
+def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, required: bool = False) -> list[OpStatus]:
+    project = None
+    if project_dir is not None:
+        project = Project.load(Path(project_dir))
+    else:
+        try:
+            project = Project.find()
+        except ProjectError:
+            project = None
+    db = load_opdb()
+    pat = (pattern or "*").removeprefix("aten::")
+    if not any(ch in pat for ch in "*?["):
+        pat = f"*{pat}*"
+    rows = []
+    for op in db.all():
+        if not fnmatch.fnmatchcase(op.name, pat):
+            continue
+        if required and not op.needs_backend_kernel:
+            continue
+        if project is not None and project.covering(op.qualified) is not None:
+            status = "native"
+        elif op.composite_implicit:
+            status = "composite"
+        elif op.needs_backend_kernel:
+            status = "fallback"
+        else:
+            status = "default"
+        rows.append(OpStatus(op.qualified, status, "core" in op.tags, op.qualified_schema))
+    rows.sort(key=lambda r: (not r.core, r.name))
+    return rows
+
+
+# --- check -------------------------------------------------------------------------------------
+
+def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bool = False):
+    from backendgen.check import check_project
+
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    return check_project(project, strict=strict, list_ops=list_ops)
+
+
+def environment_summary() -> dict[str, str]:
+    info = torch_info()
+    return {"backendgen": __version__, "torch": info.version, "python": os.sys.version.split()[0]}

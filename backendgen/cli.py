@@ -1,0 +1,201 @@
+"""The `backendgen` command line: parses arguments, calls `backendgen.api`, shows the outcome.
+
+Errors from the library (`BackendgenError`) become one line on stderr and the exit code they
+carry (2 bad input, 1 build or test failure); `--debug` shows the traceback instead. Nothing
+heavy (torch, torchgen, cookiecutter) is imported before a command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from backendgen import __version__
+
+app = typer.Typer(
+    name="backendgen",
+    help="Generate, extend and check out-of-tree PyTorch backends on the PrivateUse1 dispatch key.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_state = {"debug": False, "quiet": False}
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _reporter():
+    from backendgen.progress import ConsoleReporter
+
+    return ConsoleReporter(_console(), quiet=_state["quiet"])
+
+
+def _handles_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from backendgen.errors import BackendgenError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except BackendgenError as e:
+            if _state["debug"]:
+                raise
+            err = _console(stderr=True)
+            err.print(f"[red]error:[/red] {e}", markup=True)
+            if getattr(e, "hint", None):
+                err.print(f"  {e.hint}")
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            _console(stderr=True).print("interrupted; nothing was left half-written")
+            raise typer.Exit(130) from None
+        except Exception as e:  # a bug in backendgen: say so in one line
+            if _state["debug"]:
+                raise
+            _console(stderr=True).print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"backendgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the final line.")] = False,
+):
+    _state["debug"] = debug
+    _state["quiet"] = quiet
+
+
+@app.command()
+@_handles_errors
+def new(
+    name: Annotated[str, typer.Argument(help="Device name, a lower-case identifier (torch.device(NAME)).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
+    package: Annotated[Optional[str], typer.Option(help="Python package name [default: torch_NAME].")] = None,
+    devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Render only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the generated tests.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier generated project (kept as a backup).")] = False,
+):
+    """Emit a complete PrivateUse1 backend repository, build it and run its tests."""
+    from backendgen import api
+
+    res = api.new_backend(
+        name, output, package=package, devices=devices, build_it=not no_build, test_it=not no_test, force=force,
+        reporter=_reporter(),
+    )
+    con = _console()
+    if res.backup:
+        con.print(f"the previous project was moved to {res.backup}")
+    state = "built and tested" if res.tested else "built" if res.built else "rendered (not built)"
+    con.print(f"[bold green]{res.names.device}[/bold green] backend {state} in {res.root}")
+    if not _state["quiet"]:
+        con.print("next steps:")
+        con.print(f"  cd {res.root}")
+        if not res.built:
+            con.print("  pip install --no-build-isolation -e .")
+        con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
+        con.print("  backendgen add-op aten::abs.out      # add a native kernel")
+        con.print("  backendgen check                     # after a torch upgrade")
+
+
+@app.command("add-op")
+@_handles_errors
+def add_op(
+    ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul.")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
+    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the new files if the build or test fails.")] = False,
+):
+    """Add a correctly-typed kernel, its registration and its test for each operator."""
+    from backendgen import api
+
+    res = api.add_ops(
+        ops, project, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
+        reporter=_reporter(),
+    )
+    con = _console()
+    for note in res.notes:
+        con.print(f"note: {note}")
+    for op in res.unchanged:
+        con.print(f"{op} is already native in this project: nothing to do")
+    verb = "would write" if dry_run else "wrote"
+    for f in res.files:
+        con.print(f"{verb} {f.relative_to(res.root)}")
+    if res.added and not dry_run:
+        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+        con.print(f"[green]{', '.join(res.added)}[/green]: {state}")
+
+
+@app.command("ops")
+@_handles_errors
+def ops_cmd(
+    pattern: Annotated[Optional[str], typer.Argument(help="Glob or substring, e.g. 'mul*' or 'layer_norm'.")] = None,
+    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
+):
+    """List operators and, for this project, whether each is native, falls back to CPU, or has a default kernel."""
+    from rich.table import Table
+
+    from backendgen import api
+
+    rows = api.list_ops(pattern, project, required=required)
+    table = Table("operator", "status", "core", box=None)
+    colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim"}
+    for r in rows:
+        table.add_row(r.name, f"[{colors[r.status]}]{r.status}[/]", "core" if r.core else "")
+    con = _console()
+    con.print(table)
+    con.print(f"{len(rows)} operators")
+
+
+@app.command()
+@_handles_errors
+def check(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
+    ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
+):
+    """Check the backend against the installed torch: schema drift, APIs, the built extension, coverage."""
+    import json
+
+    from backendgen import api
+
+    report = api.check(project, strict=strict, list_ops=ops)
+    if json_out:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        from backendgen.check import render_report
+
+        render_report(report, _console())
+    raise typer.Exit(report.exit_code)
+
+
+def main() -> None:
+    try:
+        app()
+    except SystemExit as e:
+        # click reports usage errors with exit code 2 already; keep whatever code was chosen
+        sys.exit(e.code)
