@@ -1,0 +1,58 @@
+"""Shared fixtures. Building a backend costs tens of seconds, so one is built per session
+(`built_project`) and copied where a test must change it (`project_copy`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from backendgen import api
+
+
+def unique_device(prefix: str = "dev") -> str:
+    """A device name no test hard-codes: each session builds a backend nobody has seen."""
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="session")
+def rendered_project(tmp_path_factory) -> Path:
+    """A freshly generated project, not built. Copy before modifying."""
+    root = tmp_path_factory.mktemp("rendered") / "project"
+    api.new_backend(unique_device("ren"), root, build_it=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def built_project(tmp_path_factory) -> Path:
+    """A generated project, built and installed (editable) once per session. Copy before modifying."""
+    root = tmp_path_factory.mktemp("built") / "project"
+    res = api.new_backend(unique_device("e2e"), root, build_it=True, test_it=False)
+    yield root
+    subprocess.run(
+        [sys.executable, "-m", "pip", "uninstall", "-y", "-q", res.names.dist_name],
+        check=False, capture_output=True,
+    )
+
+
+@pytest.fixture
+def project_copy(built_project, tmp_path) -> Path:
+    """A copy of the built project (its build/ directory left out: ninja's files hold absolute paths)."""
+    dest = tmp_path / "copy"
+    shutil.copytree(built_project, dest, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    return dest
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `backendgen` command as a user would."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "backendgen", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        stdin=subprocess.DEVNULL,
+    )

@@ -1,0 +1,81 @@
+"""Operator resolution comes from the installed torch's torchgen, not from a table of ours."""
+
+import json
+
+import pytest
+
+from backendgen.errors import UnknownOpError, UserError
+from backendgen.opdb import load_opdb, torch_info
+
+
+@pytest.fixture(scope="module")
+def db():
+    return load_opdb()
+
+
+def test_matches_the_live_dispatcher(db):
+    """Every schema we derive is the one the installed torch's dispatcher has (canonicalised)."""
+    import torch
+
+    names = ["mul.out", "topk.values", "native_layer_norm", "convolution_backward", "index.Tensor", "empty_strided"]
+    for n in names:
+        op = db.resolve(n)
+        packet = getattr(torch.ops.aten, op.base)
+        live = getattr(packet, op.overload or "default")._schema
+        assert str(torch._C.parse_schema(op.qualified_schema)) == str(live), n
+
+
+def test_the_required_set_is_the_dispatch_true_default_false_set(db):
+    required = {op.name for op in db.required()}
+    assert "mul.out" in required and "empty_strided" in required
+    assert "mul.Tensor" not in required  # a structured default runs it through mul.out
+    assert "linear" not in required  # CompositeImplicitAutograd
+    assert len(required) > 500
+
+
+@pytest.mark.parametrize("spelling", ["aten::mul.Tensor", "mul.Tensor", "mul", " mul.Tensor "])
+def test_spellings_resolve(db, spelling):
+    assert db.resolve(spelling).name == "mul.Tensor"
+
+
+def test_default_overload(db):
+    assert db.resolve("aten::sin").name == "sin"
+    assert db.resolve("sin.default").name == "sin"
+
+
+def test_signature_is_the_symint_dispatcher_signature(db):
+    op = db.resolve("empty_strided")
+    assert op.signature.startswith("at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride")
+
+
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("mul.Tensr", "did you mean mul.Tensor"),
+        ("mull.Tensor", "did you mean mul.Tensor"),
+        ("aten::", "malformed"),
+        ("mul..Tensor", "malformed"),
+        ("x" * 10_000, "too long"),
+        ("", "empty"),
+        ("softmax", "no default overload"),
+    ],
+)
+def test_bad_op_names(db, name, match):
+    with pytest.raises((UnknownOpError, UserError), match=match):
+        db.resolve(name)
+
+
+def test_cache_is_keyed_by_version_and_hash_and_survives_corruption(tmp_path, monkeypatch):
+    import backendgen.opdb as opdb
+
+    monkeypatch.setenv("BACKENDGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(opdb, "_MEMO", {})
+    info = torch_info()
+    first = opdb.load_opdb(info)
+    files = list(tmp_path.glob("opdb-*.json"))
+    assert len(files) == 1 and info.yaml_sha256[:16] in files[0].name
+    files[0].write_text("{not json")
+    monkeypatch.setattr(opdb, "_MEMO", {})
+    again = opdb.load_opdb(info)
+    assert len(again) == len(first)
+    assert json.loads(files[0].read_text())["sha256"] == info.yaml_sha256
