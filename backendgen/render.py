@@ -23,7 +23,9 @@ from backendgen.project import METADATA_FILE
 def template_dir() -> Path:
     """The template shipped in the wheel, or the repository's `template/` in a source checkout."""
     here = Path(__file__).resolve().parent
-    for candidate in (here / "_template", here.parent / "template"):
+    override = os.environ.get("BACKENDGEN_TEMPLATE_DIR")  # for template developers
+    candidates = [Path(override)] if override else [here / "_template", here.parent / "template"]
+    for candidate in candidates:
         if (candidate / "cookiecutter.json").is_file():
             return candidate
     raise UserError(f"backendgen's template is missing (looked in {here / '_template'}); reinstall backendgen")

@@ -1,0 +1,157 @@
+// The minimal operator set every PrivateUse1 backend must implement: tensor creation (empty,
+// empty_strided), views (as_strided, view, _reshape_alias), resize_, copies between host and device
+// (_copy_from, _copy_from_and_resize), reading a scalar (_local_scalar_dense) and set_.
+// Everything else reaches the device through native kernels (csrc/aten/ops/) or the CPU fallback.
+//
+// What a hardware team replaces: the two copy kernels (use driver::memcpy with the right CopyKind
+// instead of host aliases). Creation, views and resize only manage metadata and the allocator.
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_local_scalar_dense_ops.h>
+#include <ATen/ops/as_strided_ops.h>
+#include <ATen/ops/copy_ops.h>
+#include <ATen/ops/resize_ops.h>
+#include <ATen/ops/view_ops.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include "aten/kernel_support.h"
+#include "runtime/runtime.h"
+
+namespace {{ cookiecutter.device }}::minimal_ops {
+
+constexpr auto kKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+
+c10::Device target(std::optional<c10::Device> device) {
+  c10::Device d = device.value_or(c10::Device(c10::DeviceType::PrivateUse1));
+  TORCH_CHECK(d.type() == c10::DeviceType::PrivateUse1, "expected a {{ cookiecutter.device }} device, got ", d);
+  if (!d.has_index()) return c10::Device(c10::DeviceType::PrivateUse1, runtime::current_device());
+  runtime::check_device(d.index());
+  return d;
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only");
+  c10::Device d = target(device);
+  c10::DeviceGuard guard(d);  // the allocator allocates on the current device
+  return at::detail::empty_generic(size, runtime::device_allocator(), kKeys,
+                                   dtype.value_or(c10::get_default_dtype_as_scalartype()), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(layout.value_or(c10::kStrided) == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only");
+  c10::Device d = target(device);
+  c10::DeviceGuard guard(d);
+  return at::detail::empty_strided_generic(size, stride, runtime::device_allocator(), kKeys,
+                                           dtype.value_or(c10::get_default_dtype_as_scalartype()));
+}
+
+// Views share the device storage; their geometry is computed by the CPU kernel on a host alias,
+// so error messages and edge cases match PyTorch's own.
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  at::Tensor v = at::_ops::as_strided::call(kernels::host_alias(self), c10::fromIntArrayRefSlow(size),
+                                            c10::fromIntArrayRefSlow(stride),
+                                            storage_offset.has_value() ? std::optional<c10::SymInt>(*storage_offset)
+                                                                       : std::nullopt);
+  return kernels::device_view(self, v);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  at::Tensor v = at::_ops::view::call(kernels::host_alias(self), c10::fromIntArrayRefSlow(size));
+  return kernels::device_view(self, v);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return minimal_ops::as_strided(self, size, stride, self.storage_offset());
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(self.device());
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  const size_t needed =
+      at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) {
+    TORCH_CHECK(storage->resizable(), "trying to resize storage that is not resizable");
+    c10::DataPtr fresh = runtime::device_allocator()->allocate(needed);
+    if (storage->nbytes() > 0) {
+      {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.get(), storage->data(), storage->nbytes(),
+                                                     driver::CopyKind::device_to_device));
+    }
+    storage->set_data_ptr_noswap(std::move(fresh));
+    storage->set_nbytes(needed);
+  }
+  impl->set_sizes_contiguous(size);
+  if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+// Copies between the host and the device, or between devices. The CPU copy kernel handles dtype
+// conversion, broadcasting and strides on host aliases of both sides.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  c10::OptionalDeviceGuard guard(kernels::device_of(dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self));
+  at::Tensor dst_alias = kernels::host_alias(dst);
+  at::_ops::copy_::call(dst_alias, kernels::host_alias(self), non_blocking);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.device().type() == c10::DeviceType::PrivateUse1) {
+    resize_(dst, self.sizes(), std::nullopt);
+  } else {
+    at::_ops::resize_::call(dst, self.sym_sizes(), std::nullopt);
+  }
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  return at::_ops::_local_scalar_dense::call(kernels::host_alias(self));
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(storage_offset);
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+  } else {
+    impl->set_sizes_and_strides(size, stride);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t numel = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+}  // namespace {{ cookiecutter.device }}::minimal_ops
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  namespace ops = {{ cookiecutter.device }}::minimal_ops;
+  m.impl("empty.memory_format", TORCH_FN(ops::empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(ops::empty_strided));
+  m.impl("as_strided", TORCH_FN(ops::as_strided));
+  m.impl("view", TORCH_FN(ops::view));
+  m.impl("_reshape_alias", TORCH_FN(ops::reshape_alias));
+  m.impl("resize_", TORCH_FN(ops::resize_));
+  m.impl("_copy_from", TORCH_FN(ops::copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(ops::copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(ops::local_scalar_dense));
+  m.impl("set_.source_Storage", TORCH_FN(ops::set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(ops::set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(ops::set_tensor));
+}

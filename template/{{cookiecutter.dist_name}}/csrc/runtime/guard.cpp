@@ -1,0 +1,134 @@
+// Device guard, streams and events: how PyTorch switches the current {{ cookiecutter.device }} device
+// and stream, and what torch.Stream, torch.Event and torch.accelerator.* run on.
+//
+// Implements c10::impl::DeviceGuardImplInterface on top of the driver and registers it for
+// PrivateUse1. The current stream is kept per thread and per device. What a hardware team
+// replaces: nothing here — the driver's stream and event calls become the SDK's.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace {{ cookiecutter.device }}::runtime {
+
+c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(driver::device_count()); }
+
+void check_device(c10::DeviceIndex index) {
+  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "invalid {{ cookiecutter.device }} device index ", int(index),
+                    ": this machine has ", int(device_count()), " {{ cookiecutter.device }} device(s)");
+}
+
+c10::DeviceIndex current_device() {
+  int device = 0;
+  {{ cookiecutter.DEVICE }}_CHECK(driver::get_device(&device));
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+void set_device(c10::DeviceIndex index) {
+  check_device(index);
+  {{ cookiecutter.DEVICE }}_CHECK(driver::set_device(index));
+}
+
+namespace {
+
+constexpr auto kType = c10::DeviceType::PrivateUse1;
+
+// The current stream of each device, per thread (0 = the default stream).
+std::vector<c10::StreamId>& current_streams() {
+  thread_local std::vector<c10::StreamId> streams;
+  if (streams.size() < static_cast<size_t>(device_count())) streams.resize(device_count(), 0);
+  return streams;
+}
+
+// torch.Stream(device="{{ cookiecutter.device }}") arrives without an index: that means the current device.
+c10::Device resolve(c10::Device d) {
+  if (!d.has_index()) return c10::Device(kType, current_device());
+  check_device(d.index());
+  return d;
+}
+
+struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    if (old.index() != d.index()) setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kType, current_device()); }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "expected a {{ cookiecutter.device }} device, got ", d);
+    set_device(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { driver::set_device(d.index()); }
+
+  c10::Stream getStream(c10::Device d) const override {
+    d = resolve(d);
+    return c10::Stream(c10::Stream::UNSAFE, d, current_streams()[d.index()]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    d = resolve(d);
+    return c10::Stream(c10::Stream::DEFAULT, d);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    d = resolve(d);
+    int64_t id = 0;
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_create(d.index(), &id));
+    return c10::Stream(c10::Stream::UNSAFE, d, id);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream old = getStream(s.device());
+    current_streams()[s.device_index()] = s.id();
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device, const c10::EventFlag flag)
+      const override {
+    if (*event == nullptr) {
+      {{ cookiecutter.DEVICE }}_CHECK(driver::event_create(event, flag == c10::EventFlag::BACKEND_DEFAULT));
+    }
+    {{ cookiecutter.DEVICE }}_CHECK(driver::event_record(*event, stream.device_index(), stream.id()));
+    (void)device;
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event == nullptr) return;
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_wait_event(stream.device_index(), stream.id(), event));
+  }
+  bool queryEvent(void* event) const override {
+    return event == nullptr || driver::event_query(event) == driver::Status::ok;
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    if (event != nullptr) driver::event_destroy(event);
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) {{ cookiecutter.DEVICE }}_CHECK(driver::event_synchronize(event));
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "both events must be recorded before elapsed_time");
+    float ms = 0;
+    driver::Status s = driver::event_elapsed_ms(&ms, start, end);
+    TORCH_CHECK(s == driver::Status::ok, "elapsed_time needs two recorded events created with enable_timing=True");
+    return ms;
+  }
+
+  bool queryStream(const c10::Stream& stream) const override {
+    return driver::stream_query(stream.device_index(), stream.id()) == driver::Status::ok;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(stream.device_index(), stream.id()));
+  }
+  void synchronizeDevice(const c10::DeviceIndex device) const override {
+    check_device(device);
+    {{ cookiecutter.DEVICE }}_CHECK(driver::device_synchronize(device));
+  }
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+}  // namespace
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl)
+
+}  // namespace {{ cookiecutter.device }}::runtime

@@ -1,0 +1,32 @@
+// Shared declarations of the {{ cookiecutter.device }} runtime (allocator, guard, hooks, generator).
+//
+// Light on purpose: only c10 headers, so the runtime's translation units compile in seconds.
+// A hardware team keeps this file; it changes only when the driver API does.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include "driver/driver.h"
+
+// Fail with a Python-visible error naming the driver call and its status.
+#define {{ cookiecutter.DEVICE }}_CHECK(expr)                                                       \
+  do {                                                                                            \
+    ::{{ cookiecutter.device }}::driver::Status status_ = (expr);                                 \
+    TORCH_CHECK(status_ == ::{{ cookiecutter.device }}::driver::Status::ok, "{{ cookiecutter.device }} driver: ", \
+                #expr, " failed: ", ::{{ cookiecutter.device }}::driver::status_string(status_));            \
+  } while (0)
+
+namespace {{ cookiecutter.device }}::runtime {
+
+c10::DeviceIndex device_count();
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex index);
+// Throws a clear error (not a crash) for an index that is not a device of this machine.
+void check_device(c10::DeviceIndex index);
+
+c10::Allocator* device_allocator();
+c10::Allocator* host_allocator();
+
+}  // namespace {{ cookiecutter.device }}::runtime

@@ -1,0 +1,70 @@
+"""The device module, generated methods, autoload and torch.accelerator — as a user meets them."""
+
+import os
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE, run_python
+
+
+def test_device_module(mod):
+    assert mod.is_available()
+    assert mod.device_count() == {{ cookiecutter.num_devices }}
+    assert torch.accelerator.current_accelerator().type == DEVICE
+    mod.set_device(0)
+    assert mod.current_device() == 0
+    if mod.device_count() > 1:
+        with mod.device(1):
+            assert mod.current_device() == 1
+            assert torch.empty(2, device=DEVICE).device.index == 1
+        assert mod.current_device() == 0
+    mod.synchronize()
+    torch.accelerator.synchronize()
+
+
+def test_generated_methods():
+    t = torch.arange(4.0)
+    d = getattr(t, DEVICE)()
+    assert getattr(d, f"is_{DEVICE}") and not getattr(t, f"is_{DEVICE}")
+    m = getattr(torch.nn.Linear(2, 2), DEVICE)()
+    assert m.weight.device.type == DEVICE
+    s = getattr(t.untyped_storage(), DEVICE)()
+    assert s.device.type == DEVICE
+
+
+def test_tensors_live_on_the_device_they_name(mod):
+    for i in range(mod.device_count()):
+        x = torch.full((3,), float(i), device=f"{DEVICE}:{i}")
+        assert x.device == torch.device(DEVICE, i)
+        assert x.cpu().tolist() == [float(i)] * 3
+
+
+def test_invalid_device_index_is_an_error_not_a_crash(mod):
+    with pytest.raises((RuntimeError, IndexError), match="invalid|out of range|device"):
+        torch.empty(2, device=f"{DEVICE}:{mod.device_count() + 5}")
+    with pytest.raises((RuntimeError, IndexError)):
+        mod.set_device(99)
+
+
+def test_cross_device_op_is_a_clear_error(mod):
+    if mod.device_count() < 2:
+        pytest.skip("needs two devices")
+    a = torch.ones(2, device=f"{DEVICE}:0")
+    b = torch.ones(2, device=f"{DEVICE}:1")
+    with pytest.raises(RuntimeError, match="device"):
+        a + b
+
+
+def test_plain_import_torch_loads_the_backend():
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    out = run_python(f"import torch; print(torch.ones(2, device='{DEVICE}').device.type)", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == DEVICE
+
+
+def test_autoload_can_be_turned_off():
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    out = run_python(f"import torch; print(hasattr(torch, '{DEVICE}'))", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,85 @@
+"""Device allocator statistics, out-of-memory, pinned host memory, threads."""
+
+import threading
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE
+
+
+def test_allocator_stats(mod):
+    torch.accelerator.reset_peak_memory_stats(0)
+    before = torch.accelerator.memory_allocated(0)
+    x = torch.empty(1024, 1024, device=f"{DEVICE}:0")  # 4 MiB
+    assert torch.accelerator.memory_allocated(0) - before == 4 * 1024 * 1024
+    assert torch.accelerator.max_memory_allocated(0) >= before + 4 * 1024 * 1024
+    stats = torch.accelerator.memory_stats(0)
+    assert stats["allocated_bytes.all.current"] == torch.accelerator.memory_allocated(0)
+    del x
+    assert torch.accelerator.memory_allocated(0) == before
+    torch.accelerator.empty_cache()
+
+
+def test_out_of_memory_is_torch_oom_and_the_process_continues(mod):
+    free, total = mod.mem_get_info(0)
+    mod.set_memory_limit(64 * 1024 * 1024, 0)
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate \d+ bytes .* bytes free"):
+            torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=f"{DEVICE}:0")
+        y = torch.ones(16, device=f"{DEVICE}:0")  # still usable
+        assert y.sum().item() == 16
+    finally:
+        mod.set_memory_limit(total, 0)
+
+
+def test_pinned_memory():
+    x = torch.randn(64)
+    p = x.pin_memory(DEVICE) if "device" in torch.Tensor.pin_memory.__doc__ else x.pin_memory()
+    assert p.is_pinned()
+    assert not x.is_pinned()
+    assert torch.equal(p, x)
+    d = p.to(DEVICE, non_blocking=True)
+    assert torch.equal(d.cpu(), x)
+
+
+def test_threads_allocate_and_free_with_consistent_stats():
+    before = torch.accelerator.memory_allocated(0)
+    errors = []
+
+    def work():
+        try:
+            for i in range(200):
+                t = torch.full((256,), float(i), device=f"{DEVICE}:0")
+                assert t[0].item() == float(i)
+                del t
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert torch.accelerator.memory_allocated(0) == before  # nothing leaked
+
+
+def test_streams_from_threads():
+    errors = []
+
+    def work():
+        try:
+            s = torch.Stream(device=DEVICE)
+            with s:
+                assert torch.ones(8, device=DEVICE).add_(1).sum().item() == 16
+            s.synchronize()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors

@@ -1,0 +1,81 @@
+"""The minimal operator set, the CPU fallback and the native add/mul kernels."""
+
+import warnings
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE
+
+
+def test_copies_views_and_scalars():
+    x = torch.arange(12.0).reshape(3, 4)
+    d = x.to(DEVICE)
+    assert torch.equal(d.cpu(), x)
+    assert torch.equal(d.view(4, 3).cpu(), x.view(4, 3))
+    assert torch.equal(d.t().contiguous().cpu(), x.t().contiguous())
+    assert torch.equal(d.as_strided((2, 2), (4, 1), 1).cpu(), x.as_strided((2, 2), (4, 1), 1))
+    assert torch.equal(d[1:, ::2].cpu(), x[1:, ::2])
+    assert d[2, 3].item() == 11.0
+    assert torch.equal(d.to(torch.int32).cpu(), x.to(torch.int32))  # dtype conversion on the way
+
+
+def test_device_to_device_copy_between_indices(mod):
+    if mod.device_count() < 2:
+        pytest.skip("needs two devices")
+    a = torch.arange(5.0, device=f"{DEVICE}:0")
+    b = a.to(f"{DEVICE}:1")
+    assert b.device.index == 1 and torch.equal(b.cpu(), a.cpu())
+
+
+def test_resize_and_set():
+    d = torch.empty(0, device=DEVICE)
+    d.resize_(5)
+    d.fill_(3.0)
+    assert d.cpu().tolist() == [3.0] * 5
+    e = torch.empty(0, device=DEVICE)
+    e.set_(d)
+    assert e.data_ptr() == d.data_ptr() and e.shape == (5,)
+    f = torch.empty(0, device=DEVICE).set_(d.untyped_storage(), 1, (2,), (1,))
+    assert f.cpu().tolist() == [3.0, 3.0]
+
+
+def test_native_add_and_mul_do_not_fall_back(mod):
+    a, b = torch.randn(16), torch.randn(16)
+    da, db = a.to(DEVICE), b.to(DEVICE)
+    mod.reset_fallback_counts()
+    out = torch.empty(0, device=DEVICE)
+    results = [da + db, da * db, da.clone().add_(db), torch.mul(da, db, out=out), da.add(db, alpha=2)]
+    counts = mod.fallback_counts()
+    assert not [k for k in counts if k.startswith(("aten::add", "aten::mul"))], counts
+    expected = [a + b, a * b, a + b, a * b, a.add(b, alpha=2)]
+    for got, want in zip(results, expected):
+        assert got.device.type == DEVICE
+        torch.testing.assert_close(got.cpu(), want)
+    assert out.shape == (16,)  # the empty out= tensor grew
+
+
+def test_fallback_runs_counts_and_warns(mod):
+    x = torch.randn(10)
+    d = x.to(DEVICE)
+    mod.reset_fallback_counts()
+    torch.testing.assert_close(torch.sin(d).cpu(), torch.sin(x))
+    assert mod.fallback_counts().get("aten::sin.out", 0) >= 1
+    mod.reset_fallback_counts()
+    mod.set_fallback_warning(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cos(d)
+        assert any("aten::cos" in str(w.message) for w in caught)
+    finally:
+        mod.set_fallback_warning(False)
+
+
+def test_fallback_with_mixed_dtypes_and_in_place():
+    x = torch.randn(4, 4)
+    d = x.to(DEVICE)
+    d.exp_()
+    torch.testing.assert_close(d.cpu(), x.exp())
+    i = torch.tensor([0, 2]).to(DEVICE)
+    torch.testing.assert_close(d.index_select(0, i).cpu(), x.exp().index_select(0, torch.tensor([0, 2])))

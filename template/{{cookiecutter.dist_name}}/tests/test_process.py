@@ -1,0 +1,54 @@
+"""Process-level behaviour: clean interpreter exit, and fork without re-initialisation."""
+
+import pytest
+
+from tests.conftest import DEVICE, run_python
+
+TRAIN = f"""
+import torch
+m = torch.nn.Linear(4, 4).to('{DEVICE}')
+loss = m(torch.randn(2, 4, device='{DEVICE}')).sum()
+loss.backward()
+print('ok')
+"""
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_clean_exit_after_backward(attempt):
+    out = run_python(TRAIN)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    assert "terminate called" not in out.stderr
+
+
+def test_clean_exit_after_an_exception_in_a_kernel():
+    code = f"""
+import torch
+try:
+    torch.empty(2, device='{DEVICE}:99')
+except Exception as e:
+    print(type(e).__name__)
+x = torch.ones(2, device='{DEVICE}')
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("RuntimeError", "IndexError")
+
+
+def test_use_after_fork_is_a_clear_error():
+    code = f"""
+import os, torch
+torch.ones(2, device='{DEVICE}')
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.ones(2, device='{DEVICE}')
+        os._exit(3)
+    except RuntimeError as e:
+        os._exit(0 if 'fork' in str(e) else 4)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"

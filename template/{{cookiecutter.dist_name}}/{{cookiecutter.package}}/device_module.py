@@ -1,0 +1,144 @@
+"""`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
+
+Devices (is_available, device_count, current_device, set_device, the `device` context manager,
+synchronize), memory (statistics, capacity), the CPU fallback's counters, and — re-exported from
+their own modules — random number generation and autocast support. What a hardware team replaces:
+nothing; these call into the C++ runtime.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from {{ cookiecutter.package }} import _C
+from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
+from {{ cookiecutter.package }}.random import (  # noqa: F401
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+
+_DEVICE = "{{ cookiecutter.device }}"
+
+
+def is_available() -> bool:
+    return _C.device_count() > 0
+
+
+def device_count() -> int:
+    return _C.device_count()
+
+
+def current_device() -> int:
+    return _C.current_device()
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return _C.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != _DEVICE:
+        raise ValueError(f"expected a {_DEVICE} device, got {device}")
+    return _C.current_device() if device.index is None else device.index
+
+
+def set_device(device) -> None:
+    _C.set_device(_index(device))
+
+
+class device:
+    """Context manager that makes `device` the current {{ cookiecutter.device }} device."""
+
+    def __init__(self, device):
+        self.idx = -1 if device is None else _index(device)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = _C.exchange_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0:
+            _C.set_device(self.prev_idx)
+        return False
+
+
+def synchronize(device=None) -> None:
+    _C.synchronize(_index(device))
+
+
+def _is_in_bad_fork() -> bool:
+    return _C.is_in_bad_fork()
+
+
+def _lazy_init() -> None:
+    if _C.is_in_bad_fork():
+        raise RuntimeError(
+            f"cannot use the {_DEVICE} device in a process forked after the parent used it; "
+            "use the 'spawn' multiprocessing start method"
+        )
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+def memory_allocated(device=None) -> int:
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device=None) -> int:
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    return torch.accelerator.memory_stats(_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    torch.accelerator.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device."""
+    return tuple(_C.mem_info(_index(device)))
+
+
+def set_memory_limit(nbytes: int, device=None) -> None:
+    """Set the emulated device's capacity (also: {{ cookiecutter.DEVICE }}_MEMORY_LIMIT=16G)."""
+    _C.set_memory_limit(_index(device), int(nbytes))
+
+
+# --- the CPU fallback -------------------------------------------------------------------------
+
+def fallback_counts() -> dict[str, int]:
+    """How often each operator without a {{ cookiecutter.device }} kernel ran on the CPU, e.g. {"aten::sin.out": 3}."""
+    return dict(_C.fallback_counts())
+
+
+def reset_fallback_counts() -> None:
+    _C.reset_fallback_counts()
+
+
+def set_fallback_warning(enabled: bool) -> None:
+    """Warn (once per operator) when an operator falls back to the CPU ({{ cookiecutter.DEVICE }}_WARN_FALLBACK=1)."""
+    _C.set_fallback_warning(bool(enabled))
+
+
+# --- backend metadata carried through torch.save (see csrc/aten/serialization.cpp) ------------
+
+def set_layout_tag(tensor: torch.Tensor, tagged: bool) -> None:
+    _C.set_layout_tag(tensor, bool(tagged))
+
+
+def layout_tag(tensor: torch.Tensor) -> bool:
+    return _C.layout_tag(tensor)

@@ -1,0 +1,64 @@
+"""Random number generation on {{ cookiecutter.device }}: seeding and generator state per device.
+
+`torch.manual_seed` seeds these too (it calls `manual_seed_all` of the device module). The
+generators live in C++ (csrc/runtime/generator.cpp); these functions reach them through
+`_C.default_generator(index)`, a regular `torch.Generator`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from {{ cookiecutter.package }} import _C
+
+
+def _index(device) -> int:
+    if device is None:
+        return _C.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return _C.current_device() if device.index is None else device.index
+
+
+def default_generator(device=None) -> torch.Generator:
+    return _C.default_generator(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    default_generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(_C.device_count()):
+        _C.default_generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    default_generator().seed()
+
+
+def seed_all() -> None:
+    s = default_generator(0).seed()
+    manual_seed_all(s)
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device="{{ cookiecutter.device }}") -> torch.Tensor:
+    return default_generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="{{ cookiecutter.device }}") -> None:
+    default_generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [_C.default_generator(i).get_state() for i in range(_C.device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, state in enumerate(states):
+        _C.default_generator(i).set_state(state)
