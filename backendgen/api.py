@@ -85,7 +85,10 @@ def new_backend(
             for name in manifest["builtin_ops"]:
                 op = db.resolve(name)
                 project.add_op(
-                    OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source="csrc/aten", origin="template")
+                    OpRecord(
+                        op=op.qualified, schema=op.qualified_schema, signature=op.signature, source="csrc/aten",
+                        origin="template", overloads=[o.qualified for o in db.overloads(op.base)],
+                    )
                 )
             tx = Transaction(rendered)
             added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in manifest["default_ops"]]
@@ -174,6 +177,7 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
             test=test,
             requested=plan.requested.qualified,
             covers=[c for c in plan.covers if c != plan.target.qualified],
+            overloads=[o.qualified for o in db.overloads(plan.target.base)],
             source_sha256=sha256_of(root / source),
         )
     )

@@ -88,7 +88,7 @@ def main_options(
 @app.command()
 @_handles_errors
 def new(
-    name: Annotated[str, typer.Argument(help="Device name, a lower-case identifier (torch.device(NAME)).")],
+    name: Annotated[str, typer.Argument(help="Device name: lower-case letters and _ (torch.device(NAME)).")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
     package: Annotated[Optional[str], typer.Option(help="Python package name [default: torch_NAME].")] = None,
     devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,

@@ -3,7 +3,7 @@
 A device name becomes a torch device type (`torch.device("mychip")`), an attribute of the torch
 module (`torch.mychip`), a C++ namespace, part of a Python package name and of environment
 variables. It is checked against all of those before anything is written, so no value a user
-types reaches a generated file unless it is a plain lower-case identifier.
+types reaches a generated file unless it is made of lower-case ASCII letters and _.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from backendgen.errors import InvalidNameError
 
 MAX_LENGTH = 32
-_VALID = re.compile(r"^[a-z][a-z0-9_]*$")
+_VALID = re.compile(r"^[a-z][a-z_]*$")  # torch.device() accepts no digits in a device type
 
 # c10::DeviceType names (c10/core/DeviceType.h) and the spellings torch.device accepts.
 BUILTIN_DEVICE_TYPES = frozenset(
@@ -61,7 +61,7 @@ def _shown(name: str) -> str:
 
 
 def check_syntax(name: str, what: str = "device name") -> None:
-    """Refuse anything but a short lower-case ASCII identifier (no torch needed)."""
+    """Refuse anything but a short name of lower-case ASCII letters and _ (no torch needed)."""
     if not isinstance(name, str) or name == "":
         raise InvalidNameError(f"the {what} is empty")
     if len(name) > MAX_LENGTH:
@@ -76,8 +76,10 @@ def check_syntax(name: str, what: str = "device name") -> None:
         elif name.lower() != name and _VALID.match(name.lower()):
             why = "has upper-case letters"
         else:
-            why = "is not a lower-case identifier"
-        raise InvalidNameError(f"the {what} {_shown(name)} {why}; use lower-case letters, digits and _ (e.g. mychip)")
+            why = "is not made of lower-case letters and _"
+        if any(ch.isdigit() for ch in name) and what == "device name":
+            why = "contains a digit, which torch.device() does not accept in a device type"
+        raise InvalidNameError(f"the {what} {_shown(name)} {why}; use lower-case letters and _ (e.g. mychip)")
     if "__" in name or name.endswith("_"):
         raise InvalidNameError(f"the {what} {_shown(name)} has a double or trailing underscore; C++ reserves those")
 

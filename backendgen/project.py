@@ -57,6 +57,7 @@ class OpRecord:
     test: str | None = None
     requested: str | None = None
     covers: list[str] = field(default_factory=list)
+    overloads: list[str] = field(default_factory=list)  # the base op's overloads at generation
     source_sha256: str | None = None  # as generated; a different hash means the user edited it
 
     def to_json(self) -> dict:

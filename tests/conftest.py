@@ -17,7 +17,8 @@ from backendgen import api
 
 def unique_device(prefix: str = "dev") -> str:
     """A device name no test hard-codes: each session builds a backend nobody has seen."""
-    return f"{prefix}{uuid.uuid4().hex[:6]}"
+    letters = uuid.uuid4().hex[:8].translate(str.maketrans("0123456789", "ghijklmnop"))
+    return f"{prefix}{letters}"  # torch.device() accepts no digits in a device type
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +33,7 @@ def rendered_project(tmp_path_factory) -> Path:
 def built_project(tmp_path_factory) -> Path:
     """A generated project, built and installed (editable) once per session. Copy before modifying."""
     root = tmp_path_factory.mktemp("built") / "project"
-    res = api.new_backend(unique_device("e2e"), root, build_it=True, test_it=False)
+    res = api.new_backend(unique_device("eze"), root, build_it=True, test_it=False)
     yield root
     subprocess.run(
         [sys.executable, "-m", "pip", "uninstall", "-y", "-q", res.names.dist_name],

@@ -11,21 +11,22 @@ from backendgen.errors import InvalidNameError
     [
         ("", "empty"),
         ("MyChip", "upper-case"),
-        ("my chip", "not a lower-case identifier"),
-        ("my-chip", "not a lower-case identifier"),
-        ("1chip", "starts with a digit"),
+        ("my chip", "not made of lower-case letters"),
+        ("my-chip", "not made of lower-case letters"),
+        ("npu2", "contains a digit"),
+        ("1chip", "digit"),
         ("class", "Python keyword"),
         ("lambda", "Python keyword"),
         ("match", "Python keyword"),
         ("mychip\u0430", "non-ASCII"),  # Cyrillic a: a look-alike
         ("ｍychip", "non-ASCII"),  # full-width m
-        ("../chip", "not a lower-case identifier"),
-        ("a/b", "not a lower-case identifier"),
+        ("../chip", "not made of lower-case letters"),
+        ("a/b", "not made of lower-case letters"),
         ("x" * 33, "longer than 32"),
-        ("{{cookiecutter}}", "not a lower-case identifier"),
-        ('chip"', "not a lower-case identifier"),
-        ("chip;rm", "not a lower-case identifier"),
-        ("$(touch)", "not a lower-case identifier"),
+        ("{{cookiecutter}}", "not made of lower-case letters"),
+        ('chip"', "not made of lower-case letters"),
+        ("chip;rm", "not made of lower-case letters"),
+        ("$(touch)", "not made of lower-case letters"),
         ("chip__x", "double or trailing underscore"),
         ("chip_", "double or trailing underscore"),
         ("cpu", "built-in torch device type"),
@@ -51,7 +52,7 @@ def test_bad_names_are_refused_with_a_reason(name, reason):
         naming.check_device_name(name)
 
 
-@pytest.mark.parametrize("name", ["mychip", "npu2", "my_chip", "z"])
+@pytest.mark.parametrize("name", ["mychip", "my_chip", "z"])
 def test_good_names_pass(name):
     naming.check_device_name(name)
 

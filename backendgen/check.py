@@ -1,0 +1,367 @@
+"""`backendgen check`: is a generated backend still right for the installed torch?
+
+Five areas, one finding per line:
+- versions   the torch the project was generated for against the installed one;
+- schema     every registered operator's schema against the installed torch (canonical strings
+             from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
+             short-circuited when `native_functions.yaml` has the recorded hash;
+- api        the C++ and Python extension points the template relies on;
+- extension  the built library, loaded in a subprocess (a bad static registration aborts the
+             process that loads it): not built, built for another torch, dangling or missing kernels;
+- coverage   how many of the operators that need a backend kernel are native.
+
+Everything that needs torch runs in ONE subprocess, which costs about one `import torch`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from backendgen import __version__
+from backendgen.opdb import OpDB, load_opdb
+from backendgen.project import Project
+
+SEVERITIES = ("ok", "info", "warning", "error")
+
+# C++ extension points the template uses: header (under torch/include) -> names it must declare.
+CPP_APIS = {
+    "c10/core/CachingDeviceAllocator.h": ["DeviceAllocator", "getDeviceStats", "resetPeakStats"],
+    "c10/core/Allocator.h": ["REGISTER_ALLOCATOR", "copy_data"],
+    "ATen/core/CachingHostAllocator.h": ["HostAllocator", "REGISTER_HOST_ALLOCATOR"],
+    "c10/core/impl/DeviceGuardImplInterface.h": ["DeviceGuardImplInterface", "C10_REGISTER_GUARD_IMPL", "elapsedTime"],
+    "ATen/detail/PrivateUse1HooksInterface.h": ["PrivateUse1HooksInterface", "RegisterPrivateUse1HooksInterface",
+                                                "resizePrivateUse1Bytes"],
+    "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl"],
+    "torch/csrc/jit/serialization/pickler_helper.h": ["TensorBackendMetaRegistry"],
+    "ATen/autocast_mode.h": ["KERNEL_PRIVATEUSEONE"],
+    "ATen/native/CPUFallback.h": ["cpu_fallback"],
+    "ATen/EmptyTensor.h": ["empty_generic", "empty_strided_generic"],
+    "torch/csrc/Generator.h": ["THPGenerator_initDefaultGenerator"],
+}
+
+# Python extension points, probed in the subprocess.
+PY_APIS = [
+    "torch.utils.rename_privateuse1_backend",
+    "torch.utils.generate_methods_for_privateuse1_backend",
+    "torch._register_device_module",
+    "torch._C._get_privateuse1_backend_name",
+    "torch.accelerator.memory_allocated",
+    "torch.accelerator.current_stream",
+    "torch.Stream",
+    "torch.Event",
+    "torch._import_device_backends",
+    "torch._C._dispatch_find_dangling_impls",
+]
+
+_PROBE = r"""
+import json, os, sys
+req = json.loads(sys.argv[1])
+out = {}
+import torch
+def emit(key, value):
+    print(json.dumps({key: value}), flush=True)
+
+apis = {}
+for path in req["py_apis"]:
+    obj, ok = torch, True
+    for part in path.split(".")[1:]:
+        if not hasattr(obj, part):
+            ok = False
+            break
+        obj = getattr(obj, part)
+    apis[path] = ok
+emit("py_apis", apis)
+
+schemas = {}
+for op, recorded in req["schemas"].items():
+    base, _, overload = op.removeprefix("aten::").partition(".")
+    entry = {}
+    try:
+        entry["recorded"] = str(torch._C.parse_schema(recorded))
+    except Exception as e:
+        entry["recorded_error"] = str(e)
+    try:
+        packet = getattr(torch.ops.aten, base)
+        entry["live"] = str(getattr(packet, overload or "default")._schema)
+    except (AttributeError, RuntimeError):
+        entry["live"] = None
+    schemas[op] = entry
+emit("schemas", schemas)
+
+try:
+    __import__(req["package"])
+except BaseException as e:
+    emit("load", {"ok": False, "type": type(e).__name__, "message": str(e)[:2000]})
+    sys.exit(0)
+dangling = [d for d in torch._C._dispatch_find_dangling_impls() if "PrivateUse1" in d]
+registered = sorted(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
+kernels = {}
+for op in req["ops"]:
+    try:
+        has = torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+        table = torch._C._dispatch_dump_table(op)
+        line = next((ln for ln in table.splitlines() if ln.startswith("PrivateUse1")), "")
+    except RuntimeError:
+        has, line = False, ""
+    kernels[op] = {"has": has, "line": line}
+emit("load", {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels,
+              "backend_name": torch._C._get_privateuse1_backend_name()})
+"""
+
+
+@dataclass
+class Finding:
+    area: str
+    severity: str
+    subject: str
+    message: str
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class CheckReport:
+    project: str
+    strict: bool
+    findings: list[Finding] = field(default_factory=list)
+    coverage: dict = field(default_factory=dict)
+
+    def add(self, area: str, severity: str, subject: str, message: str, **detail) -> None:
+        assert severity in SEVERITIES
+        self.findings.append(Finding(area, severity, subject, message, detail))
+
+    def of(self, area: str) -> list[Finding]:
+        return [f for f in self.findings if f.area == area]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == "error" for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == "warning" for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.errors or (self.strict and self.warnings) else 0
+
+    @property
+    def verdict(self) -> str:
+        if self.exit_code:
+            return f"problems: {self.errors} error(s), {self.warnings} warning(s)"
+        return "ok" + (f" ({self.warnings} warning(s))" if self.warnings else "")
+
+    def to_json(self) -> dict:
+        return {
+            "project": self.project,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "findings": [asdict(f) for f in self.findings],
+            "coverage": self.coverage,
+        }
+
+
+def _probe(project: Project, schemas: dict[str, str]) -> tuple[dict, str, int]:
+    req = {
+        "package": project.package,
+        "py_apis": PY_APIS,
+        "schemas": schemas,
+        "ops": [rec.op for rec in project.ops],
+    }
+    env = dict(os.environ)
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    env["PYTHONPATH"] = os.pathsep.join([str(project.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(req)],
+        cwd=project.root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+    )
+    results: dict = {}
+    for line in proc.stdout.splitlines():
+        try:
+            results.update(json.loads(line))
+        except ValueError:
+            continue
+    return results, proc.stderr, proc.returncode
+
+
+def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
+    recorded = project.torch_version
+    if recorded == db.torch_version:
+        report.add("versions", "ok", "torch", f"generated for and running on torch {recorded}")
+    else:
+        report.add("versions", "warning", "torch",
+                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, then rebuild",
+                   recorded=recorded, installed=db.torch_version)
+    made_with = project.data.get("backendgen_version", "?")
+    sev = "ok" if made_with == __version__ else "info"
+    report.add("versions", sev, "backendgen",
+               f"generated by backendgen {made_with} (template {project.data.get('template_version', '?')}), "
+               f"this is {__version__}")
+
+
+def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
+    if project.yaml_sha256 == db.yaml_sha256:
+        report.add("schema", "ok", "native_functions.yaml",
+                   f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas")
+        return
+    live = (probed or {}).get("schemas", {})
+    for rec in project.ops:
+        op = db.get(rec.op)
+        entry = live.get(rec.op, {})
+        if op is None or (probed is not None and entry.get("live") is None):
+            base = rec.op.removeprefix("aten::").split(".")[0]
+            matches = db.close_matches(rec.op)
+            hint = f"; close matches: {', '.join(matches)}" if matches else ""
+            report.add("schema", "error", rec.op,
+                       f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
+                       kind="removed", close_matches=matches, base=base)
+            continue
+        recorded_c = entry.get("recorded", rec.schema)
+        live_c = entry.get("live", op.qualified_schema)
+        new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
+        if rec.overloads and new_overloads:
+            report.add("schema", "info", rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
+                       kind="new_overloads", overloads=new_overloads)
+        if recorded_c == live_c:
+            report.add("schema", "ok", rec.op, "unchanged", kind="unchanged")
+        elif rec.signature == op.signature:
+            report.add("schema", "warning", rec.op,
+                       "schema changed but the C++ kernel signature did not: check the kernel's semantics",
+                       kind="schema_changed", old=recorded_c, new=live_c)
+        else:
+            report.add("schema", "error", rec.op,
+                       f"kernel signature changed: {rec.signature}  ->  {op.signature}",
+                       kind="signature_changed", old=recorded_c, new=live_c,
+                       old_signature=rec.signature, new_signature=op.signature, source=rec.source)
+
+
+def _torch_include(db: OpDB) -> Path:
+    return db.info.torchgen_dir.parent / "torch" / "include"
+
+
+def _check_apis(report: CheckReport, db: OpDB, probed: dict | None) -> None:
+    inc = _torch_include(db)
+    missing = []
+    for header, names in CPP_APIS.items():
+        path = inc / header
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        missing += [f"{header}: {n}" if text else f"{header} (missing header)" for n in names if n not in text]
+        if not text and f"{header} (missing header)" not in missing:
+            missing.append(f"{header} (missing header)")
+    py = (probed or {}).get("py_apis")
+    if py is not None:
+        missing += [name for name, ok in py.items() if not ok]
+    entry = Path(db.info.torchgen_dir.parent / "torch" / "__init__.py")
+    if "torch.backends" not in entry.read_text(errors="replace"):
+        missing.append("the torch.backends autoload entry-point group")
+    if missing:
+        for m in sorted(set(missing)):
+            report.add("api", "error", m, "not found in the installed torch: the template's code using it must be ported")
+    else:
+        report.add("api", "ok", "extension points",
+                   f"all {sum(map(len, CPP_APIS.values()))} C++ and {len(PY_APIS)} Python extension points present")
+
+
+def _check_extension(report: CheckReport, project: Project, probed: dict, stderr: str, returncode: int) -> set[str]:
+    pkg_dir = project.root / project.package
+    built = sorted(pkg_dir.glob("_C*.so"))
+    if not built:
+        report.add("extension", "error", project.package, "not built: pip install --no-build-isolation -e .")
+        return set()
+    sources = [p for p in (project.root / "csrc").rglob("*") if p.suffix in (".cpp", ".h")]
+    newest = max((p.stat().st_mtime for p in sources), default=0)
+    if newest > built[0].stat().st_mtime:
+        report.add("extension", "warning", built[0].name, "sources changed since the last build: rebuild")
+    load = probed.get("load")
+    if load is None:
+        if returncode < 0:
+            sig = signal.Signals(-returncode).name
+            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            report.add("extension", "error", project.package,
+                       f"loading it killed the process ({sig}): the library is corrupt or a static registration "
+                       f"failed — rebuild{'; ' + tail if tail else ''}", kind="crash")
+        else:
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            report.add("extension", "error", project.package, f"could not be probed: {tail}", kind="probe")
+        return set()
+    if not load["ok"]:
+        msg = load["message"]
+        if "undefined symbol" in msg:
+            report.add("extension", "error", project.package,
+                       f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
+                       f"[{msg.splitlines()[0][:200]}]", kind="abi")
+        else:
+            report.add("extension", "error", project.package,
+                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind="load")
+        return set()
+    report.add("extension", "ok", project.package, f"loads into torch as '{load['backend_name']}'")
+    for d in load["dangling"]:
+        report.add("extension", "error", d.splitlines()[0][:200],
+                   "kernel registered for an operator that does not exist in this torch", kind="dangling")
+    for op, k in load["kernels"].items():
+        rec = project.find_op(op)
+        if not k["has"]:
+            report.add("extension", "error", op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
+                       kind="missing_kernel")
+        elif rec is not None and rec.origin == "add-op" and Path(rec.source).name not in k["line"]:
+            report.add("extension", "warning", op, f"its PrivateUse1 kernel is not the one in {rec.source}: {k['line'][:160]}")
+    return set(load["registered"])
+
+
+def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered: set[str], list_ops: bool) -> None:
+    if not registered:
+        registered = {rec.op for rec in project.ops}
+    required = db.required()
+    native = [op for op in required if op.qualified in registered]
+    fallback = [op for op in required if op.qualified not in registered]
+    report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback)}
+    report.add("coverage", "info", "operators",
+               f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
+               f"{len(fallback)} run through the CPU fallback", **report.coverage)
+    if list_ops:
+        def order(ops):
+            return [o.qualified for o in sorted(ops, key=lambda o: ("core" not in o.tags, o.name))]
+
+        report.coverage["native_ops"] = order(native)
+        report.coverage["fallback_ops"] = order(fallback)
+
+
+def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
+    db = opdb or load_opdb()
+    report = CheckReport(project=str(project.root), strict=strict)
+    drift = project.yaml_sha256 != db.yaml_sha256
+    schemas = {rec.op: rec.schema for rec in project.ops} if drift else {}
+    probed, stderr, returncode = _probe(project, schemas)
+    _check_versions(report, project, db)
+    _check_schemas(report, project, db, probed if "schemas" in probed else None)
+    _check_apis(report, db, probed)
+    registered = _check_extension(report, project, probed, stderr, returncode)
+    _check_coverage(report, project, db, registered, list_ops)
+    return report
+
+
+def render_report(report: CheckReport, console) -> None:
+    from rich.table import Table
+
+    colors = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
+    table = Table("area", "", "subject", "finding", box=None, show_lines=False)
+    for f in report.findings:
+        if f.severity == "ok" and f.area == "schema" and f.detail.get("kind") == "unchanged":
+            continue  # one line per changed op is enough; unchanged ones are counted below
+        table.add_row(f.area, f"[{colors[f.severity]}]{f.severity}[/]", f.subject, f.message)
+    unchanged = sum(1 for f in report.of("schema") if f.detail.get("kind") == "unchanged")
+    if unchanged:
+        table.add_row("schema", "[green]ok[/]", f"{unchanged} operators", "schemas unchanged")
+    console.print(table)
+    if "native_ops" in report.coverage:
+        console.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
+        console.print(f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"]))
+    color = "red" if report.exit_code else "green"
+    console.print(f"\n[bold {color}]{report.verdict}[/]")

@@ -1,0 +1,148 @@
+"""`backendgen check` on real projects whose metadata or build has been made wrong in each way."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from backendgen.check import check_project
+from backendgen.project import Project
+from conftest import run_cli
+
+
+def _edit_metadata(root, fn):
+    path = root / "backendgen.json"
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _op(data, name):
+    return next(d for d in data["ops"] if d["op"] == name)
+
+
+def _pretend_drift(data):
+    data["torch"]["native_functions_sha256"] = "0" * 64  # the yaml changed: compare every schema
+
+
+def _findings(report, area, subject=None):
+    return [f for f in report.findings if f.area == area and (subject is None or f.subject == subject)]
+
+
+def test_clean_project_passes(built_project):
+    report = check_project(Project.load(built_project))
+    assert report.exit_code == 0, [f for f in report.findings if f.severity == "error"]
+    assert {f.area for f in report.findings} == {"versions", "schema", "api", "extension", "coverage"}
+    assert report.coverage["native"] >= 20 and report.coverage["required"] > 500
+
+
+def test_drifted_yaml_with_identical_schemas_is_clean(project_copy):
+    _edit_metadata(project_copy, _pretend_drift)
+    report = check_project(Project.load(project_copy))
+    kinds = {f.detail.get("kind") for f in _findings(report, "schema")}
+    assert kinds == {"unchanged"}
+    assert report.exit_code == 0
+
+
+def test_each_kind_of_schema_drift(project_copy):
+    def drift(data):
+        _pretend_drift(data)
+        # a changed default: the C++ signature stays the same
+        add = _op(data, "aten::add.out")
+        add["schema"] = add["schema"].replace("Scalar alpha=1", "Scalar alpha=2")
+        # an argument the kernel does not have (the installed torch added `other`)
+        mul = _op(data, "aten::mul.out")
+        mul["schema"] = "aten::mul.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"
+        mul["signature"] = "at::Tensor & mul_out_out(const at::Tensor & self, at::Tensor & out)"
+        # SymInt -> int: FunctionSchema == calls these equal; the canonical strings do not
+        es = _op(data, "aten::empty_strided")
+        es["schema"] = es["schema"].replace("SymInt[] size, SymInt[] stride", "int[] size, int[] stride")
+        es["signature"] = es["signature"].replace("c10::SymIntArrayRef", "at::IntArrayRef")
+        # an operator that no longer exists (renamed)
+        view = _op(data, "aten::view")
+        view["op"] = "aten::vew"
+        view["schema"] = view["schema"].replace("aten::view", "aten::vew")
+
+    _edit_metadata(project_copy, drift)
+    report = check_project(Project.load(project_copy))
+    by_op = {f.subject: f for f in _findings(report, "schema")}
+    assert by_op["aten::add.out"].detail["kind"] == "schema_changed"
+    assert by_op["aten::add.out"].severity == "warning"
+    assert by_op["aten::mul.out"].detail["kind"] == "signature_changed"
+    assert "const at::Tensor & other" in by_op["aten::mul.out"].detail["new_signature"]
+    assert by_op["aten::empty_strided"].detail["kind"] == "signature_changed"
+    assert "SymInt[] size" in by_op["aten::empty_strided"].detail["new"]
+    assert by_op["aten::vew"].detail["kind"] == "removed"
+    assert "view" in by_op["aten::vew"].detail["close_matches"]
+    assert report.exit_code == 1
+
+    out = run_cli("check", "--project", str(project_copy), "--json")
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["errors"] == report.errors
+
+
+def test_warnings_fail_only_with_strict(project_copy):
+    def drift(data):
+        _pretend_drift(data)
+        add = _op(data, "aten::add.out")
+        add["schema"] = add["schema"].replace("Scalar alpha=1", "Scalar alpha=2")
+
+    _edit_metadata(project_copy, drift)
+    assert check_project(Project.load(project_copy)).exit_code == 0
+    assert check_project(Project.load(project_copy), strict=True).exit_code == 1
+
+
+def test_op_recorded_but_not_registered(project_copy):
+    def extra(data):
+        data["ops"].append({"op": "aten::sin.out", "schema": "aten::sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)",
+                            "signature": "x", "source": "csrc/aten/ops/sin.cpp", "origin": "add-op"})
+
+    _edit_metadata(project_copy, extra)
+    report = check_project(Project.load(project_copy))
+    [f] = _findings(report, "extension", "aten::sin.out")
+    assert f.detail["kind"] == "missing_kernel" and report.exit_code == 1
+
+
+def _extension(root):
+    pkg = json.loads((root / "backendgen.json").read_text())["package"]
+    [so] = (root / pkg).glob("_C*.so")
+    return so
+
+
+def test_extension_built_against_another_torch(project_copy, tmp_path):
+    """A library that needs a symbol the installed torch does not export, as a stale build does."""
+    src = tmp_path / "stale.c"
+    src.write_text("extern void at_symbol_from_another_torch(void);\nvoid PyInit__C(void) { at_symbol_from_another_torch(); }\n")
+    so = _extension(project_copy)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    report = check_project(Project.load(project_copy))
+    errors = [f for f in _findings(report, "extension") if f.severity == "error"]
+    assert errors and errors[0].detail.get("kind") == "abi" and "rebuild" in errors[0].message
+    assert report.exit_code == 1
+
+
+def test_corrupted_extension(project_copy):
+    so = _extension(project_copy)
+    so.write_bytes(b"not a shared library")
+    report = check_project(Project.load(project_copy))
+    [f] = [f for f in _findings(report, "extension") if f.severity == "error"]
+    assert f.detail.get("kind") == "load" and "rebuild" in f.message
+
+
+def test_truncated_extension_that_kills_the_loading_process(project_copy):
+    so = _extension(project_copy)
+    so.write_bytes(so.read_bytes()[:4096])
+    report = check_project(Project.load(project_copy))  # check itself survives
+    [f] = [f for f in _findings(report, "extension") if f.severity == "error"]
+    assert f.detail.get("kind") in ("crash", "load") and "rebuild" in f.message
+
+
+def test_not_built(rendered_project, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    out = run_cli("check", "--project", str(root))
+    assert out.returncode == 1
+    assert "not built" in out.stdout
