@@ -231,7 +231,7 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
                        kind="new_overloads", overloads=new_overloads)
         if recorded_c == live_c:
             report.add("schema", "ok", rec.op, "unchanged", kind="unchanged")
-        elif rec.signature == op.signature:
+        elif signature_types(rec.signature) == signature_types(op.signature):
             report.add("schema", "warning", rec.op,
                        "schema changed but the C++ kernel signature did not: check the kernel's semantics",
                        kind="schema_changed", old=recorded_c, new=live_c)
@@ -240,6 +240,24 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
                        f"kernel signature changed: {rec.signature}  ->  {op.signature}",
                        kind="signature_changed", old=recorded_c, new=live_c,
                        old_signature=rec.signature, new_signature=op.signature, source=rec.source)
+
+
+def signature_types(signature: str) -> str:
+    """A C++ signature without its name and argument names: what decides whether a kernel still fits."""
+    ret_and_name, _, args = signature.partition("(")
+    ret = ret_and_name.rsplit(" ", 1)[0].strip()
+    parts, depth, cur = [], 0, ""
+    for ch in args.rstrip().removesuffix(")"):
+        depth += ch in "<(" and 1 or ch in ">)" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    types = [p.strip().rsplit(" ", 1)[0].strip() for p in parts]
+    return f"{ret}({', '.join(types)})"
 
 
 def _torch_include(db: OpDB) -> Path:

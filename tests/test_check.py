@@ -146,3 +146,13 @@ def test_not_built(rendered_project, tmp_path):
     out = run_cli("check", "--project", str(root))
     assert out.returncode == 1
     assert "not built" in out.stdout
+
+
+def test_renamed_argument_keeps_the_kernel_signature():
+    """2.13 -> 2.14 renamed _cdist_backward's `grad` to `grad_output`: the kernel still fits."""
+    from backendgen.check import signature_types
+
+    old = "at::Tensor _cdist_backward(const at::Tensor & grad, const at::Tensor & x1, double p)"
+    new = "at::Tensor _cdist_backward(const at::Tensor & grad_output, const at::Tensor & x1, double p)"
+    assert signature_types(old) == signature_types(new)
+    assert signature_types(old) != signature_types(old.replace("double p", "c10::SymInt p"))

@@ -65,7 +65,7 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
         assert op in recorded, op
 
     # every generated operator test ran for real on the device (none skipped for want of samples)
-    log = build.run_tests(root, ["tests/ops", "-v"], name="ops-verbose")
+    log = build.run_tests(root, ["tests/ops", "-vv"], name="ops-verbose")
     text = log.read_text()
     matches = re.findall(r"tests/ops/(test_\w+)\.py::test_matches_cpu_and_stays_on_device\[\w+\] (\w+)", text)
     assert len(matches) >= 12, text[-3000:]
