@@ -76,8 +76,8 @@ def _version(value: bool):
 @app.callback()
 def main_options(
     version: Annotated[
-        Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
-    ] = None,
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the final line.")] = False,
 ):
