@@ -1,0 +1,162 @@
+"""backendgen's performance figures (issue #6): run them, print a table, write JSON.
+
+    python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json]
+
+Each figure is the median of --runs runs; ratios are measured side by side in the same process.
+The script generates its own backend under a fresh name in a temporary directory, installs it
+(editable) for the duration of the run and uninstalls it afterwards. Timings are never asserted
+by the unit tests: machines are noisy; this script is where the numbers come from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+TARGETS = {
+    "help_s": 0.3,
+    "render_s": 1.0,
+    "cold_build_s": 30.0,
+    "noop_rebuild_s": 3.0,
+    "edit_rebuild_s": 10.0,
+    "add_op_s": 20.0,
+    "check_s": 3.0,
+    "small_op_ratio": 1.5,
+    "large_op_ratio": 1.1,
+}
+
+
+def _time(cmd, cwd=None, env=None) -> float:
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"benchmark command failed: {' '.join(map(str, cmd))}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    return elapsed
+
+
+def _median(f, runs):
+    return statistics.median(f() for _ in range(runs))
+
+
+def _bg(*args):
+    return [sys.executable, "-m", "backendgen", *args]
+
+
+def ninja_tu_times(root: Path) -> dict[str, float]:
+    """Seconds per object file from ninja's log of the last build."""
+    times = {}
+    for log in root.glob("build/**/.ninja_log"):
+        for line in log.read_text().splitlines()[1:]:
+            start, end, _, target, _ = line.split("\t")
+            times[Path(target).name] = (int(end) - int(start)) / 1000
+    return times
+
+
+DEVICE_BENCH = textwrap.dedent(
+    """
+    import json, sys, timeit, torch
+    dev = sys.argv[1]
+    def ratio(fn_dev, fn_cpu, number):
+        d = min(timeit.repeat(fn_dev, number=number, repeat=5))
+        c = min(timeit.repeat(fn_cpu, number=number, repeat=5))
+        return d / c, d / number, c / number
+    a, b = torch.randn(16), torch.randn(16)
+    ad, bd = a.to(dev), b.to(dev)
+    small = ratio(lambda: ad + bd, lambda: a + b, 20000)
+    A, B = torch.randn(16 * 1024 * 1024), torch.randn(16 * 1024 * 1024)
+    Ad, Bd = A.to(dev), B.to(dev)
+    large_add = ratio(lambda: Ad + Bd, lambda: A + B, 5)
+    large_mul = ratio(lambda: Ad.mul_(1.0), lambda: A.mul_(1.0), 5)
+    x = torch.randn(4096); xd = x.to(dev)
+    fallback = ratio(lambda: torch.sin(xd), lambda: torch.sin(x), 2000)
+    print(json.dumps({"small_op_ratio": small[0], "small_op_device_us": small[1] * 1e6, "small_op_cpu_us": small[2] * 1e6,
+                      "large_op_ratio": max(large_add[0], large_mul[0]), "large_add_ratio": large_add[0], "large_mul_ratio": large_mul[0],
+                      "fallback_ratio": fallback[0], "fallback_device_us": fallback[1] * 1e6, "fallback_cpu_us": fallback[2] * 1e6}))
+    """
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "latest.json")
+    args = ap.parse_args()
+    device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
+    work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
+    root = work / "proj"
+    res: dict[str, float] = {}
+    env = dict(os.environ)
+    try:
+        res["help_s"] = _median(lambda: _time(_bg("--help")), max(args.runs, 5))
+
+        def render():
+            d = work / f"r{uuid.uuid4().hex[:6]}"
+            t = _time(_bg("new", device, "-o", str(d), "--no-build"))
+            shutil.rmtree(d)
+            return t
+
+        res["render_s"] = _median(render, args.runs)
+
+        # cold build without ccache, so it is the compiler's time
+        _time(_bg("new", device, "-o", str(root), "--no-build"))
+        cold_env = dict(env, BACKENDGEN_NO_CCACHE="1")
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
+                        f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
+                       env=cold_env, check=True)
+        res["cold_build_s"] = time.perf_counter() - t0
+        tu = ninja_tu_times(root)
+
+        rebuild = [sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
+                   f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}')"]
+        res["noop_rebuild_s"] = _median(lambda: _time(rebuild), args.runs)
+
+        kernel = root / "csrc" / "aten" / "ops" / "mul.cpp"
+        original = kernel.read_text()
+
+        def edit():
+            kernel.write_text(original + f"\n// edit {uuid.uuid4().hex}\n")
+            return _time(rebuild, env=cold_env)
+
+        res["edit_rebuild_s"] = _median(edit, args.runs)
+        kernel.write_text(original)
+        _time(rebuild)
+
+        res["add_op_s"] = _time(_bg("add-op", "abs.out", "--project", str(root)))
+        res["check_s"] = _median(lambda: _time(_bg("check", "--project", str(root))), args.runs)
+
+        out = subprocess.run([sys.executable, "-c", DEVICE_BENCH, device], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr)
+        res.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", f"torch-{device}"], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"{'figure':<22}{'measured':>12}{'target':>10}")
+    for k, v in res.items():
+        target = TARGETS.get(k)
+        mark = "" if target is None else ("  ok" if v <= target else "  MISSED")
+        print(f"{k:<22}{v:>12.3f}{'' if target is None else f'{target:>10.2f}'}{mark}")
+    if tu:
+        print("\nper translation unit (cold build, s):")
+        for name, secs in sorted(tu.items(), key=lambda kv: -kv[1]):
+            print(f"  {secs:7.1f}  {name}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"figures": res, "targets": TARGETS, "translation_units": tu}, indent=2))
+    print(f"\nwritten {args.json}")
+
+
+if __name__ == "__main__":
+    main()

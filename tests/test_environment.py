@@ -1,0 +1,82 @@
+"""A bad environment gets one clear line saying what to do (issue #5)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from backendgen import api, build, opdb
+from backendgen.errors import EnvironmentProblem
+from conftest import unique_device
+
+
+def test_torch_missing(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(EnvironmentProblem, match=r"torch is not installed.*pip install torch==2.13.0"):
+        opdb.torch_info()
+
+
+def test_torch_without_torchgen(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchgen" else real(name, *a))
+    with pytest.raises(EnvironmentProblem, match="ships no torchgen"):
+        opdb.torch_info()
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.14.1+cu128", "3.0.0"])
+def test_unsupported_torch(version):
+    with pytest.raises(EnvironmentProblem, match=re.escape(f"torch {version} is not supported")):
+        api._check_torch_supported(version)
+
+
+def test_no_ninja(monkeypatch, tmp_path):
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "ninja" else "/usr/bin/" + name)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no ninja beside it either
+    with pytest.raises(EnvironmentProblem, match="ninja is not installed; pip install ninja"):
+        build.check_toolchain()
+
+
+def test_project_for_another_torch(rendered_project, tmp_path):
+    import json
+
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    meta = json.loads((root / "backendgen.json").read_text())
+    meta["torch"]["version"] = "2.12.0+cpu"
+    (root / "backendgen.json").write_text(json.dumps(meta))
+    with pytest.raises(Exception, match="generated for torch 2.12.0.*run backendgen check"):
+        api.add_ops(["abs.out"], root, build_it=False)
+
+
+def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, tmp_path):
+    """SIGINT while add-op compiles: exit 130 and every file as before (nothing was installed yet)."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+
+    def files():
+        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "build" not in p.relative_to(root).parts
+                and p.name != ".backendgen.lock" and "egg-info" not in str(p)}
+
+    before = files()
+    proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (root / "build" / "backendgen-build.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err
+    assert files() == before
+    # and it works when run again (without building, to keep the test fast)
+    assert api.add_ops(["abs.out"], root, build_it=False).added == ["aten::abs.out"]
