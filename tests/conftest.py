@@ -14,6 +14,11 @@ import pytest
 
 from backendgen import api
 
+# The session installs a generated backend (editable) into this environment. This process started
+# before that install, so its import system cannot find the package that torch's autoload entry
+# point names: keep autoload off here. Tests that need it run a fresh interpreter without this.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
 
 def unique_device(prefix: str = "dev") -> str:
     """A device name no test hard-codes: each session builds a backend nobody has seen."""

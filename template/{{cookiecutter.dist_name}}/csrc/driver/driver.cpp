@@ -126,30 +126,26 @@ Status malloc(int device, void** ptr, size_t bytes) {
   State& s = state();
   if (s.bad_fork) return Status::forked;
   if (bytes == 0) return Status::ok;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.initialized = true;
-    if (s.used[device] + bytes > s.limit[device]) return Status::out_of_memory;
-    s.used[device] += bytes;
-  }
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   std::lock_guard<std::mutex> lock(s.mu);
-  if (p == nullptr) {
-    s.used[device] -= bytes;
-    return Status::out_of_memory;
-  }
-  s.allocations[static_cast<const char*>(p)] = {device, bytes};
+  if (s.used[device] + bytes > s.limit[device]) return Status::out_of_memory;
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (p == nullptr) return Status::out_of_memory;
+  s.initialized = true;
+  s.used[device] += bytes;
+  s.allocations.emplace_hint(s.allocations.end(), static_cast<const char*>(p), std::make_pair(device, bytes));
   *ptr = p;
   return Status::ok;
 }
 
-Status free(void* ptr) {
+Status free(void* ptr, int* device, size_t* bytes) {
   if (ptr == nullptr) return Status::ok;
   State& s = state();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.allocations.find(static_cast<const char*>(ptr));
     if (it == s.allocations.end()) return Status::invalid_value;
+    if (device != nullptr) *device = it->second.first;
+    if (bytes != nullptr) *bytes = it->second.second;
     s.used[it->second.first] -= it->second.second;
     s.allocations.erase(it);
   }

@@ -33,7 +33,7 @@ bool in_bad_fork();  // true in a child forked after the parent used a device
 
 // Device memory
 Status malloc(int device, void** ptr, size_t bytes);
-Status free(void* ptr);
+Status free(void* ptr, int* device = nullptr, size_t* bytes = nullptr);  // reports what was freed
 Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind);
 Status mem_info(int device, size_t* free_bytes, size_t* total_bytes);
 Status set_mem_limit(int device, size_t bytes);  // emulator only: the device's capacity

@@ -28,12 +28,6 @@ void update(Stat& stat, int64_t delta) {
 void reset_peak(Stat& stat) { stat.peak = stat.current; }
 void reset_accumulated(Stat& stat) { stat.allocated = 0; stat.freed = 0; }
 
-struct Context {
-  void* ptr;
-  c10::DeviceIndex device;
-  size_t bytes;
-};
-
 class DeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
@@ -54,8 +48,7 @@ class DeviceAllocator final : public c10::DeviceAllocator {
       {{ cookiecutter.DEVICE }}_CHECK(s);
       record(device, static_cast<int64_t>(nbytes));
     }
-    auto* ctx = nbytes > 0 ? new Context{ptr, device, nbytes} : nullptr;
-    return {ptr, ctx, &DeviceAllocator::deleter, c10::Device(c10::DeviceType::PrivateUse1, device)};
+    return {ptr, ptr, &DeviceAllocator::deleter, c10::Device(c10::DeviceType::PrivateUse1, device)};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &DeviceAllocator::deleter; }
@@ -101,14 +94,16 @@ class DeviceAllocator final : public c10::DeviceAllocator {
 
   static DeviceAllocator& instance();
 
-  void free_block(Context* ctx) {
-    driver::free(ctx->ptr);
-    record(ctx->device, -static_cast<int64_t>(ctx->bytes));
-    delete ctx;
+  void free_block(void* ptr) {
+    int device = 0;
+    size_t bytes = 0;
+    if (driver::free(ptr, &device, &bytes) == driver::Status::ok) {
+      record(static_cast<c10::DeviceIndex>(device), -static_cast<int64_t>(bytes));
+    }
   }
 
  private:
-  static void deleter(void* ctx_ptr);
+  static void deleter(void* ptr);
 
   DeviceStats& stats(c10::DeviceIndex device) {
     if (stats_.size() < static_cast<size_t>(device_count())) stats_.resize(device_count());
@@ -140,10 +135,8 @@ DeviceAllocator& DeviceAllocator::instance() {
   return *a;
 }
 
-void DeviceAllocator::deleter(void* ctx_ptr) {
-  auto* ctx = static_cast<Context*>(ctx_ptr);
-  if (ctx == nullptr) return;
-  instance().free_block(ctx);  // DataPtr's deleter receives the context, which holds the pointer
+void DeviceAllocator::deleter(void* ptr) {
+  if (ptr != nullptr) instance().free_block(ptr);  // the driver knows each block's device and size
 }
 
 }  // namespace
