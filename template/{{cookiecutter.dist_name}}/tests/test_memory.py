@@ -43,43 +43,43 @@ def test_pinned_memory():
     assert torch.equal(d.cpu(), x)
 
 
-def test_threads_allocate_and_free_with_consistent_stats():
-    before = torch.accelerator.memory_allocated(0)
+def run_in_threads(work, n=4):
+    """Run `work` in n threads at once; re-raise the first exception any of them met."""
     errors = []
 
-    def work():
+    def guarded():
         try:
-            for i in range(200):
-                t = torch.full((256,), float(i), device=f"{DEVICE}:0")
-                assert t[0].item() == float(i)
-                del t
-        except Exception as e:  # pragma: no cover - reported below
+            work()
+        except Exception as e:  # reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
+    threads = [threading.Thread(target=guarded) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    if errors:
+        raise errors[0]
+
+
+def test_threads_allocate_and_free_with_consistent_stats():
+    before = torch.accelerator.memory_allocated(0)
+
+    def work():
+        for i in range(200):
+            t = torch.full((256,), float(i), device=f"{DEVICE}:0")
+            assert t[0].item() == float(i)
+            del t
+
+    run_in_threads(work)
     assert torch.accelerator.memory_allocated(0) == before  # nothing leaked
 
 
 def test_streams_from_threads():
-    errors = []
-
     def work():
-        try:
-            s = torch.Stream(device=DEVICE)
-            with s:
-                assert torch.ones(8, device=DEVICE).add_(1).sum().item() == 16
-            s.synchronize()
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        s = torch.Stream(device=DEVICE)
+        with s:
+            assert torch.ones(8, device=DEVICE).add_(1).sum().item() == 16
+        s.synchronize()
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work)

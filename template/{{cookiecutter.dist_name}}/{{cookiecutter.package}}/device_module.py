@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from {{ cookiecutter.package }} import _C
+from {{ cookiecutter.package }}._utils import device_index as _index
 from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
 from {{ cookiecutter.package }}.random import (  # noqa: F401
     get_rng_state,
@@ -37,17 +38,6 @@ def device_count() -> int:
 
 def current_device() -> int:
     return _C.current_device()
-
-
-def _index(device=None) -> int:
-    if device is None:
-        return _C.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != _DEVICE:
-        raise ValueError(f"expected a {_DEVICE} device, got {device}")
-    return _C.current_device() if device.index is None else device.index
 
 
 def set_device(device) -> None:

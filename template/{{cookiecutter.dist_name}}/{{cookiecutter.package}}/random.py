@@ -10,15 +10,7 @@ from __future__ import annotations
 import torch
 
 from {{ cookiecutter.package }} import _C
-
-
-def _index(device) -> int:
-    if device is None:
-        return _C.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    return _C.current_device() if device.index is None else device.index
+from {{ cookiecutter.package }}._utils import device_index as _index
 
 
 def default_generator(device=None) -> torch.Generator:

@@ -28,6 +28,14 @@ void update(Stat& stat, int64_t delta) {
 void reset_peak(Stat& stat) { stat.peak = stat.current; }
 void reset_accumulated(Stat& stat) { stat.allocated = 0; stat.freed = 0; }
 
+// Applies fn to every statistic this allocator keeps.
+template <typename Fn>
+void for_each_stat(DeviceStats& s, Fn fn) {
+  for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                    &s.requested_bytes})
+    for (auto& stat : *arr) fn(stat);
+}
+
 class DeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
@@ -70,20 +78,14 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   void resetAccumulatedStats(c10::DeviceIndex device) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(mu_);
-    auto& s = stats(device);
-    for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                      &s.requested_bytes})
-      for (auto& stat : *arr) reset_accumulated(stat);
-    s.num_ooms = 0;
+    for_each_stat(stats(device), reset_accumulated);
+    stats(device).num_ooms = 0;
   }
 
   void resetPeakStats(c10::DeviceIndex device) override {
     check_device(device);
     std::lock_guard<std::mutex> lock(mu_);
-    auto& s = stats(device);
-    for (auto* arr : {&s.allocation, &s.segment, &s.active, &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                      &s.requested_bytes})
-      for (auto& stat : *arr) reset_peak(stat);
+    for_each_stat(stats(device), reset_peak);
   }
 
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
