@@ -177,3 +177,25 @@ def test_missing_compiler_is_reported_before_writing(tmp_path):
     out = run_cli("new", unique_device(), "-o", str(tmp_path / "p"), env={"CXX": "no-such-compiler-xyz"})
     assert out.returncode == 2 and "no C++ compiler" in out.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_a_deleted_kernel_file_is_reported_not_silently_regenerated(rendered_project, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    (root / "csrc/aten/ops/mul.cpp").unlink()
+    out = run_cli("add-op", "mul.Tensor", "--no-build", cwd=root)
+    assert out.returncode == 2 and "mul.cpp is missing" in out.stderr and "git checkout" in out.stderr
+    assert not (root / "csrc/aten/ops/mul.cpp").exists()
+
+
+def test_a_run_killed_before_recording_its_op_can_be_run_again(rendered_project, tmp_path):
+    """add-op writes the kernel and test first and backendgen.json last; killed in between, the
+    files it left are recognised as its own on the next run."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    meta_before = (root / "backendgen.json").read_text()
+    assert run_cli("add-op", "abs.out", "--no-build", cwd=root).returncode == 0
+    (root / "backendgen.json").write_text(meta_before)  # as if killed before the metadata was written
+    out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert "aten::abs.out" in (root / "backendgen.json").read_text()

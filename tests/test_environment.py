@@ -80,3 +80,16 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
     assert files() == before
     # and it works when run again (without building, to keep the test fast)
     assert api.add_ops(["abs.out"], root, build_it=False).added == ["aten::abs.out"]
+
+
+def test_keep_on_failure_keeps_the_new_files_and_says_where(rendered_project, tmp_path, monkeypatch):
+    from backendgen.errors import BuildError
+
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails every compile
+    with pytest.raises(BuildError) as info:
+        api.add_ops(["abs.out"], root, keep_on_failure=True)
+    assert (root / "csrc/aten/ops/abs.cpp").is_file()
+    assert "csrc/aten/ops/abs.cpp" in info.value.hint and "kept" in info.value.hint
+    assert "(full log:" in str(info.value)
