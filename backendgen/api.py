@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
     import importlib.metadata
 
     try:
-        dist = importlib.metadata.distribution(names.dist_name)
+        importlib.metadata.distribution(names.dist_name)
     except importlib.metadata.PackageNotFoundError:
         return
     if not build.installed_from(dest, names.dist_name):
@@ -130,7 +129,6 @@ def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
             f"{names.dist_name} is already installed in this environment (from another directory); "
             f"pip uninstall {names.dist_name}, use another device name, or another --package"
         )
-    del dist
 
 
 # --- add-op ------------------------------------------------------------------------------------
@@ -324,8 +322,3 @@ def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bo
 
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
     return check_project(project, strict=strict, list_ops=list_ops)
-
-
-def environment_summary() -> dict[str, str]:
-    info = torch_info()
-    return {"backendgen": __version__, "torch": info.version, "python": os.sys.version.split()[0]}
