@@ -39,7 +39,7 @@ CPP_APIS = {
                                                 "resizePrivateUse1Bytes"],
     "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl"],
     "torch/csrc/jit/serialization/pickler_helper.h": ["TensorBackendMetaRegistry"],
-    "ATen/autocast_mode.h": ["KERNEL_PRIVATEUSEONE"],
+    "ATen/autocast_mode.h": ["get_autocast_dtype"],
     "ATen/native/CPUFallback.h": ["cpu_fallback"],
     "ATen/EmptyTensor.h": ["empty_generic", "empty_strided_generic"],
     "torch/csrc/Generator.h": ["THPGenerator_initDefaultGenerator"],

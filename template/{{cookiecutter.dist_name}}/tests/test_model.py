@@ -31,3 +31,19 @@ def test_forward_backward_step_matches_cpu():
     torch.testing.assert_close(dev_losses, cpu_losses)
     for a, b in zip(dev_params, cpu_params):
         torch.testing.assert_close(a, b)
+
+
+def test_small_cnn_forward_backward_step_matches_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 2 * 4, 4)
+    )
+
+    def reshape_first(m):
+        return torch.nn.Sequential(torch.nn.Unflatten(1, (8, 1, 1)), torch.nn.Upsample(size=(2, 4)), m)
+
+    cpu_losses, cpu_params = _train(reshape_first(copy.deepcopy(model)), "cpu")
+    dev_losses, dev_params = _train(reshape_first(copy.deepcopy(model)), DEVICE)
+    torch.testing.assert_close(dev_losses, cpu_losses)
+    for a, b in zip(dev_params, cpu_params):
+        torch.testing.assert_close(a, b)

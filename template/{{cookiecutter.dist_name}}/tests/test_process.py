@@ -13,7 +13,7 @@ print('ok')
 """
 
 
-@pytest.mark.parametrize("attempt", range(3))
+@pytest.mark.parametrize("attempt", range(5))
 def test_clean_exit_after_backward(attempt):
     out = run_python(TRAIN)
     assert out.returncode == 0, out.stderr

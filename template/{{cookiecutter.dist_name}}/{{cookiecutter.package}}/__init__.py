@@ -10,6 +10,7 @@ of this through the `torch.backends` entry point.
 import torch
 
 from {{ cookiecutter.package }} import _C  # noqa: F401  (loads and registers the C++ runtime)
+from {{ cookiecutter.package }} import _exit
 from {{ cookiecutter.package }} import device_module as _device_module
 
 DEVICE = "{{ cookiecutter.device }}"
@@ -26,6 +27,7 @@ def _register() -> None:
 
 
 _register()
+_exit.install()
 
 
 def _autoload() -> None:
