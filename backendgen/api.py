@@ -68,6 +68,7 @@ def new_backend(
         _check_torch_supported(info.version)
         if build_it:
             build.check_toolchain()
+            _check_no_other_backend(names)
         db = load_opdb(info)
     with rep.step("render"):
         manifest = render.template_manifest()
@@ -129,6 +130,19 @@ def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
             f"{names.dist_name} is already installed in this environment (from another directory); "
             f"pip uninstall {names.dist_name}, use another device name, or another --package"
         )
+
+
+def _check_no_other_backend(names: naming.Names) -> None:
+    """Only one PrivateUse1 backend can load per process; another autoloading one breaks the new one's tests."""
+    import importlib.metadata
+
+    for ep in importlib.metadata.entry_points(group="torch.backends"):
+        dist = ep.dist.name if ep.dist is not None else ep.value
+        if dist.replace("_", "-") != names.dist_name:
+            raise EnvironmentProblem(
+                f"another PrivateUse1 backend ({dist}) is installed and loads with every `import torch`; "
+                f"only one can load per process: pip uninstall {dist}, or use --no-build"
+            )
 
 
 # --- add-op ------------------------------------------------------------------------------------

@@ -98,3 +98,18 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     after = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "build" not in p.parts}
     assert after.keys() == snapshot.keys()
     assert all(after[p] == snapshot[p] for p in snapshot if p.name != ".backendgen.lock")
+
+    # a kernel registered under a misspelt operator name loads silently; check finds it
+    meta = _meta(root)
+    device = meta["device"]
+    (root / "csrc/aten/ops/typo.cpp").write_text(
+        '#include "aten/kernel_support.h"\n#include <torch/library.h>\n'
+        f"namespace {device}::ops::typo {{\n"
+        "at::Tensor mul_typo(const at::Tensor& self, const at::Tensor& other) { return self; }\n}\n"
+        f'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{ m.impl("mul.Tensr", TORCH_FN({device}::ops::typo::mul_typo)); }}\n'
+    )
+    build.build(root, meta["package"], meta["dist_name"])
+    out = run_cli("check", "--project", str(root), "--json")
+    assert out.returncode == 1
+    dangling = [f for f in json.loads(out.stdout)["findings"] if f["detail"].get("kind") == "dangling"]
+    assert dangling and "mul.Tensr" in dangling[0]["subject"]

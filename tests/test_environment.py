@@ -93,3 +93,11 @@ def test_keep_on_failure_keeps_the_new_files_and_says_where(rendered_project, tm
     assert (root / "csrc/aten/ops/abs.cpp").is_file()
     assert "csrc/aten/ops/abs.cpp" in info.value.hint and "kept" in info.value.hint
     assert "(full log:" in str(info.value)
+
+
+def test_another_installed_backend_is_reported_before_anything_is_written(built_project, tmp_path):
+    """The session's backend is installed; a second one could not load beside it."""
+    dest = tmp_path / "second"
+    with pytest.raises(EnvironmentProblem, match="another PrivateUse1 backend .* is installed"):
+        api.new_backend(unique_device("two"), dest)
+    assert not dest.exists()
