@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +80,7 @@ def new_backend(
             "backendgen_version": __version__,
             "template_version": str(manifest["template_version"]),
         }
-        with render.staging_dir(dest) as staging:
+        with _writes(dest, "nothing was written"), render.staging_dir(dest) as staging:
             rendered = render.render_into(staging, context)
             project = Project(rendered, _initial_metadata(names, devices, db, manifest))
             for name in manifest["builtin_ops"]:
@@ -104,6 +105,18 @@ def new_backend(
                 build.run_tests(dest)
             result.tested = True
     return result
+
+
+@contextlib.contextmanager
+def _writes(where: Path, outcome: str):
+    """Turn a failing write (disk full, read-only file system, permissions) into a one-line error."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, (FileNotFoundError, IsADirectoryError)) or e.errno is None:
+            raise
+        detail = f" ({e.filename})" if e.filename else ""
+        raise UserError(f"cannot write to {where}: {e.strerror}{detail}; {outcome}") from None
 
 
 def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dict) -> dict:
@@ -254,7 +267,7 @@ def add_ops(
         tx = Transaction(project.root)
         so = build.extension_path(project.root, project.package)
         try:
-            with rep.step("write"):
+            with rep.step("write"), _writes(project.root, "the project was left as it was"):
                 if so is not None:
                     tx.touch_file(so)  # a rollback also restores the built extension
                 result.added = [_write_op(project, db, plan, tx) for plan in plans]

@@ -199,3 +199,23 @@ def test_a_run_killed_before_recording_its_op_can_be_run_again(rendered_project,
     out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
     assert out.returncode == 0, out.stderr
     assert "aten::abs.out" in (root / "backendgen.json").read_text()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB file system: too small for a project (needs root and tmpfs; skipped otherwise)."""
+    import subprocess as sp
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if sp.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield mnt
+    sp.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_full_disk_is_a_clear_error_and_leaves_nothing(full_disk):
+    out = run_cli("new", unique_device(), "-o", str(full_disk / "p"), "--no-build")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "No space left on device" in out.stderr and "nothing was written" in out.stderr
+    assert list(full_disk.iterdir()) == []
