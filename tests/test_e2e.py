@@ -113,3 +113,13 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert out.returncode == 1
     dangling = [f for f in json.loads(out.stdout)["findings"] if f["detail"].get("kind") == "dangling"]
     assert dangling and "mul.Tensr" in dangling[0]["subject"]
+
+    # a backend that cannot load (here: a corrupt library) warns instead of breaking `import torch`
+    so = next((root / meta["package"]).glob("_C*.so"))
+    so.write_bytes(b"not a shared library")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(1).item())"],
+                         capture_output=True, text=True, env=env, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1.0"
+    assert "failed to load and is disabled" in out.stderr

@@ -4,7 +4,7 @@ Importing this package loads the C++ runtime (allocators, device guard, hooks, k
 fallback — all registered when the library loads), names the PrivateUse1 backend
 "{{ cookiecutter.device }}", registers `torch.{{ cookiecutter.device }}` and generates the tensor, module and storage methods
 (`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`). Plain `import torch` does all
-of this through the `torch.backends` entry point.
+of this through the `torch.backends` entry point ({{ cookiecutter.package }}_autoload.py).
 """
 
 import torch
@@ -28,7 +28,3 @@ def _register() -> None:
 
 _register()
 _exit.install()
-
-
-def _autoload() -> None:
-    """Entry point of the `torch.backends` group: importing this package did the work."""
