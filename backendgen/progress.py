@@ -12,12 +12,6 @@ class Reporter:
     def step_done(self, name: str, seconds: float, ok: bool) -> None:
         pass
 
-    def info(self, message: str) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
-
     @contextlib.contextmanager
     def step(self, name: str):
         start = time.monotonic()
@@ -38,10 +32,3 @@ class ConsoleReporter(Reporter):
         if not self.quiet or not ok:
             mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
             self.console.print(f"{mark} {name} [dim]{seconds:.1f} s[/dim]", highlight=False)
-
-    def info(self, message):
-        if not self.quiet:
-            self.console.print(message, highlight=False)
-
-    def warn(self, message):
-        self.console.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
