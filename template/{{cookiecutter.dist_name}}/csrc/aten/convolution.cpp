@@ -4,11 +4,11 @@
 // aten::convolution_backward_overrideable (backward); their CPU versions only raise, so the CPU
 // fallback cannot serve them. Here they run PyTorch's CPU convolution on the device memory.
 // What a hardware team replaces: both bodies, with its SDK's convolution kernels.
+#include "aten/kernel_support.h"
+
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
 #include <torch/library.h>
-
-#include "aten/kernel_support.h"
 
 namespace {{ cookiecutter.device }}::convolution {
 

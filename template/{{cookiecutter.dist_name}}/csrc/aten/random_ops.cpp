@@ -5,15 +5,15 @@
 // Each kernel lends the device generator's state to a CPU generator (runtime/generator.h), runs the
 // CPU kernel on the device memory and takes the advanced state back. What a hardware team replaces:
 // the bodies, with its SDK's random kernels seeded from the same generator.
+#include "aten/kernel_support.h"
+#include "runtime/generator.h"
+
 #include <ATen/ops/bernoulli_ops.h>
 #include <ATen/ops/exponential_ops.h>
 #include <ATen/ops/normal_ops.h>
 #include <ATen/ops/random_ops.h>
 #include <ATen/ops/uniform_ops.h>
 #include <torch/library.h>
-
-#include "aten/kernel_support.h"
-#include "runtime/generator.h"
 
 namespace {{ cookiecutter.device }}::random_ops {
 
