@@ -127,8 +127,8 @@ def set_fallback_warning(enabled: bool) -> None:
 # --- backend metadata carried through torch.save (see csrc/aten/serialization.cpp) ------------
 
 def set_layout_tag(tensor: torch.Tensor, tagged: bool) -> None:
-    _C.set_layout_tag(tensor, bool(tagged))
+    torch.ops.{{ cookiecutter.package }}.set_layout_tag(tensor, bool(tagged))
 
 
 def layout_tag(tensor: torch.Tensor) -> bool:
-    return _C.layout_tag(tensor)
+    return torch.ops.{{ cookiecutter.package }}.layout_tag(tensor)

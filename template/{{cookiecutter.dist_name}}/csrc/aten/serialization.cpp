@@ -2,11 +2,14 @@
 //
 // A backend may hang its own metadata on a tensor (c10::BackendMeta) — a memory layout tag,
 // say. The functions registered with torch::jit::TensorBackendMetaRegistry write it into the
-// checkpoint and restore it on load. Here the metadata is one example flag, `layout_tag`. What a
-// hardware team replaces: DeviceMeta's fields and the two functions, with what its tensors carry.
+// checkpoint and restore it on load. Here the metadata is one example flag, `layout_tag`, which
+// Python reads and sets through two custom operators, torch.ops.{{ cookiecutter.package }}.layout_tag and
+// .set_layout_tag (the way to give Python a C++ function that takes tensors without binding code).
+// What a hardware team replaces: DeviceMeta's fields and the functions, with what its tensors carry.
 #include "aten/serialization.h"
 
 #include <torch/csrc/jit/serialization/pickler_helper.h>
+#include <torch/library.h>
 
 namespace {{ cookiecutter.device }}::serialization {
 namespace {
@@ -55,3 +58,10 @@ bool layout_tag(const at::Tensor& t) {
 }
 
 }  // namespace {{ cookiecutter.device }}::serialization
+
+// Custom operators in the backend's own namespace; registered for every dispatch key, so they also
+// answer for CPU tensors (which never carry the tag).
+TORCH_LIBRARY({{ cookiecutter.package }}, m) {
+  m.def("set_layout_tag(Tensor self, bool tagged) -> ()", &{{ cookiecutter.device }}::serialization::set_layout_tag);
+  m.def("layout_tag(Tensor self) -> bool", &{{ cookiecutter.device }}::serialization::layout_tag);
+}

@@ -1,62 +1,186 @@
 // The {{ cookiecutter.package }}._C extension module: the few C++ entry points the Python package needs.
 //
-// This is the one translation unit that includes pybind11 and torch's Python headers (the
-// heaviest headers of all); everything else in the backend is registered by static initialisers
-// when this library loads. What a hardware team replaces: nothing, unless it exposes more of its
-// SDK to Python (add functions here).
+// Written against the plain CPython API on purpose: pybind11 (torch/csrc/utils/pybind.h) costs
+// ~12 s of compile time for a dozen functions that take and return ints. Everything else in the
+// backend is registered by static initialisers when this library loads; functions that take
+// tensors are custom operators (torch.ops.{{ cookiecutter.package }}.*, see aten/serialization.cpp),
+// which need no Python binding at all. What a hardware team replaces: nothing, unless it exposes
+// more of its SDK to Python (add a function and a line in kMethods).
+#include <Python.h>
 #include <torch/csrc/Generator.h>
-#include <torch/csrc/utils/pybind.h>
+
+#include <exception>
 
 #include "aten/fallback.h"
-#include "aten/serialization.h"
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
-namespace py = pybind11;
+namespace {
+
 namespace dev = {{ cookiecutter.device }};
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "C++ runtime of the {{ cookiecutter.device }} PyTorch backend";
+// Runs `body`, turning a C++ exception into the matching Python one (nullptr return).
+template <typename F>
+PyObject* guarded(F&& body) {
+  try {
+    return body();
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
 
-  m.def("device_count", [] { return static_cast<int>(dev::runtime::device_count()); });
-  m.def("current_device", [] { return static_cast<int>(dev::runtime::current_device()); });
-  m.def("set_device", [](int index) { dev::runtime::set_device(static_cast<c10::DeviceIndex>(index)); });
-  m.def("exchange_device", [](int index) {
-    auto old = dev::runtime::current_device();
-    if (index >= 0) dev::runtime::set_device(static_cast<c10::DeviceIndex>(index));
-    return static_cast<int>(old);
+// A device index argument: a Python int, checked against the device count.
+bool device_arg(PyObject* arg, c10::DeviceIndex* out) {
+  long index = PyLong_AsLong(arg);
+  if (index == -1 && PyErr_Occurred()) return false;
+  if (index < 0 || index >= dev::runtime::device_count()) {
+    PyErr_Format(PyExc_IndexError, "{{ cookiecutter.device }}: invalid device index %ld (%d devices)", index,
+                 static_cast<int>(dev::runtime::device_count()));
+    return false;
+  }
+  *out = static_cast<c10::DeviceIndex>(index);
+  return true;
+}
+
+PyObject* device_count(PyObject*, PyObject*) {
+  return PyLong_FromLong(dev::runtime::device_count());
+}
+
+PyObject* current_device(PyObject*, PyObject*) {
+  return guarded([] { return PyLong_FromLong(dev::runtime::current_device()); });
+}
+
+PyObject* set_device(PyObject*, PyObject* arg) {
+  c10::DeviceIndex index;
+  if (!device_arg(arg, &index)) return nullptr;
+  return guarded([&] {
+    dev::runtime::set_device(index);
+    Py_RETURN_NONE;
   });
-  m.def("synchronize", [](int index) {
-    dev::runtime::check_device(static_cast<c10::DeviceIndex>(index));
+}
+
+// Makes `index` current (a negative index changes nothing) and returns the previous device.
+PyObject* exchange_device(PyObject*, PyObject* arg) {
+  long requested = PyLong_AsLong(arg);
+  if (requested == -1 && PyErr_Occurred()) return nullptr;
+  c10::DeviceIndex index = -1;
+  if (requested >= 0 && !device_arg(arg, &index)) return nullptr;
+  return guarded([&] {
+    const auto old = dev::runtime::current_device();
+    if (index >= 0) dev::runtime::set_device(index);
+    return PyLong_FromLong(old);
+  });
+}
+
+PyObject* synchronize(PyObject*, PyObject* arg) {
+  c10::DeviceIndex index;
+  if (!device_arg(arg, &index)) return nullptr;
+  return guarded([&] {
     {{ cookiecutter.DEVICE }}_CHECK(dev::driver::device_synchronize(index));
+    Py_RETURN_NONE;
   });
-  m.def("is_in_bad_fork", [] { return dev::driver::in_bad_fork(); });
+}
 
-  m.def("default_generator", [](int index) {
-    return py::reinterpret_steal<py::object>(
-        THPGenerator_initDefaultGenerator(dev::runtime::default_generator(static_cast<c10::DeviceIndex>(index))));
-  });
+PyObject* is_in_bad_fork(PyObject*, PyObject*) {
+  return PyBool_FromLong(dev::driver::in_bad_fork());
+}
 
-  m.def("set_memory_limit", [](int index, size_t bytes) {
-    dev::runtime::check_device(static_cast<c10::DeviceIndex>(index));
-    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::set_mem_limit(index, bytes));
+// The device's default torch.Generator (one Python object per device, shared with C++).
+PyObject* default_generator(PyObject*, PyObject* arg) {
+  c10::DeviceIndex index;
+  if (!device_arg(arg, &index)) return nullptr;
+  return guarded([&] { return THPGenerator_initDefaultGenerator(dev::runtime::default_generator(index)); });
+}
+
+PyObject* set_memory_limit(PyObject*, PyObject* args) {
+  PyObject* device;
+  PyObject* nbytes;
+  if (!PyArg_ParseTuple(args, "OO", &device, &nbytes)) return nullptr;
+  const unsigned long long bytes = PyLong_AsUnsignedLongLong(nbytes);  // a negative count raises OverflowError
+  if (bytes == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
+  c10::DeviceIndex index;
+  if (!device_arg(device, &index)) return nullptr;
+  return guarded([&] {
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::set_mem_limit(index, static_cast<size_t>(bytes)));
+    Py_RETURN_NONE;
   });
-  m.def("mem_info", [](int index) {
-    dev::runtime::check_device(static_cast<c10::DeviceIndex>(index));
+}
+
+// (free bytes, total bytes) of a device.
+PyObject* mem_info(PyObject*, PyObject* arg) {
+  c10::DeviceIndex index;
+  if (!device_arg(arg, &index)) return nullptr;
+  return guarded([&] {
     size_t free_bytes = 0, total = 0;
     {{ cookiecutter.DEVICE }}_CHECK(dev::driver::mem_info(index, &free_bytes, &total));
-    return py::make_tuple(free_bytes, total);
+    return Py_BuildValue("(KK)", static_cast<unsigned long long>(free_bytes), static_cast<unsigned long long>(total));
   });
+}
 
-  m.def("fallback_counts", [] {
-    py::dict out;
-    for (const auto& [name, n] : dev::fallback::counts()) out[py::str(name)] = n;
+// {operator name: times it ran through the CPU fallback}.
+PyObject* fallback_counts(PyObject*, PyObject*) {
+  return guarded([]() -> PyObject* {
+    PyObject* out = PyDict_New();
+    if (out == nullptr) return nullptr;
+    for (const auto& [name, n] : dev::fallback::counts()) {
+      PyObject* value = PyLong_FromLongLong(n);
+      if (value == nullptr || PyDict_SetItemString(out, name.c_str(), value) != 0) {
+        Py_XDECREF(value);
+        Py_DECREF(out);
+        return nullptr;
+      }
+      Py_DECREF(value);
+    }
     return out;
   });
-  m.def("reset_fallback_counts", &dev::fallback::reset_counts);
-  m.def("set_fallback_warning", &dev::fallback::set_warning);
-  m.def("fallback_warning", &dev::fallback::warning_enabled);
+}
 
-  m.def("set_layout_tag", &dev::serialization::set_layout_tag);
-  m.def("layout_tag", &dev::serialization::layout_tag);
+PyObject* reset_fallback_counts(PyObject*, PyObject*) {
+  dev::fallback::reset_counts();
+  Py_RETURN_NONE;
+}
+
+PyObject* set_fallback_warning(PyObject*, PyObject* arg) {
+  const int enabled = PyObject_IsTrue(arg);
+  if (enabled < 0) return nullptr;
+  dev::fallback::set_warning(enabled != 0);
+  Py_RETURN_NONE;
+}
+
+PyObject* fallback_warning(PyObject*, PyObject*) {
+  return PyBool_FromLong(dev::fallback::warning_enabled());
+}
+
+PyMethodDef kMethods[] = {
+    {"device_count", device_count, METH_NOARGS, "Number of {{ cookiecutter.device }} devices."},
+    {"current_device", current_device, METH_NOARGS, "Index of the current device."},
+    {"set_device", set_device, METH_O, "Make a device current."},
+    {"exchange_device", exchange_device, METH_O, "Make a device current (negative: none); return the previous."},
+    {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
+    {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
+    {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
+    {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
+    {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
+    {"fallback_counts", fallback_counts, METH_NOARGS, "Operators run through the CPU fallback, with counts."},
+    {"reset_fallback_counts", reset_fallback_counts, METH_NOARGS, "Zero the fallback counters."},
+    {"set_fallback_warning", set_fallback_warning, METH_O, "Warn once per operator that falls back to the CPU."},
+    {"fallback_warning", fallback_warning, METH_NOARGS, "Whether the fallback warning is on."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT, "_C", "C++ runtime of the {{ cookiecutter.device }} PyTorch backend", -1, kMethods,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C() {
+  return PyModule_Create(&kModule);
 }
