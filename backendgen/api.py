@@ -69,6 +69,7 @@ def new_backend(
         _check_torch_supported(info.version)
         if build_it:
             build.check_toolchain()
+            build.check_installable()
             _check_no_other_backend(names)
         db = load_opdb(info)
     with rep.step("render"):

@@ -97,6 +97,26 @@ def _run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subproces
     return proc
 
 
+def check_installable() -> None:
+    """Fail early when `pip install -e` cannot write to this Python's site-packages."""
+    import site
+    import sysconfig
+
+    target = Path(sysconfig.get_paths()["purelib"])
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if os.access(probe, os.W_OK):
+        return
+    in_venv = sys.prefix != sys.base_prefix
+    if not in_venv and site.ENABLE_USER_SITE:
+        return  # pip falls back to a --user install, which works
+    raise EnvironmentProblem(
+        f"cannot install the backend: {target} is not writable; create and activate a virtualenv you own "
+        "(python3 -m venv .venv && . .venv/bin/activate), or pass --no-build"
+    )
+
+
 def extension_path(root: Path, package: str) -> Path | None:
     found = sorted((root / package).glob("_C*.so"))
     return found[0] if found else None
@@ -109,6 +129,7 @@ def build(root: Path, package: str, dist_name: str, *, incremental: bool = True)
     if incremental and extension_path(root, package) is not None and installed_from(root, dist_name):
         cmd = [sys.executable, "setup.py", "build_ext", "--inplace"]
     else:
+        check_installable()
         cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(root)]
     proc = _run(cmd, root, log, _env())
     if proc.returncode != 0:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,46 @@ def test_another_installed_backend_is_reported_before_anything_is_written(built_
     with pytest.raises(EnvironmentProblem, match="another PrivateUse1 backend .* is installed"):
         api.new_backend(unique_device("two"), dest)
     assert not dest.exists()
+
+
+@pytest.fixture
+def read_only_python(tmp_path):
+    """A virtualenv whose site-packages cannot be written, seeing this environment's packages.
+
+    Permissions do not stop root, so as root the directory is bind-mounted read-only over itself;
+    otherwise it is made read-only. Yields the interpreter and that directory."""
+    import sysconfig
+
+    venv = tmp_path / "ro-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    outer = sysconfig.get_paths()["purelib"]
+    (site_dir / "outer.pth").write_text(f"import site; site.addsitedir({outer!r})\n")
+    mounted = False
+    if os.geteuid() == 0:
+        for cmd in (["mount", "--bind", str(site_dir), str(site_dir)], ["mount", "-o", "remount,bind,ro", str(site_dir)]):
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                subprocess.run(["umount", str(site_dir)], capture_output=True)
+                pytest.skip("cannot bind-mount a directory read-only here (needed as root)")
+            mounted = True
+    else:
+        site_dir.chmod(0o555)
+    try:
+        yield python, site_dir
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(site_dir)], capture_output=True)
+        else:
+            site_dir.chmod(0o755)
+
+
+def test_read_only_site_packages_is_refused_before_anything_is_written(read_only_python, tmp_path):
+    python, site_dir = read_only_python
+    dest = tmp_path / "proj"
+    out = subprocess.run([str(python), "-m", "backendgen", "new", unique_device(), "-o", str(dest)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"{site_dir} is not writable" in out.stderr and "virtualenv" in out.stderr
+    assert "Traceback" not in out.stderr and not dest.exists()
