@@ -94,6 +94,7 @@ def new_backend(
                 )
             tx = Transaction(rendered)
             added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in manifest["default_ops"]]
+            _write_registration(project, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
     result = NewResult(dest, names, added, built=False, tested=False, backup=backup)
@@ -172,6 +173,31 @@ class AddOpsResult:
     tested: bool = False
 
 
+REGISTRATION = "csrc/aten/ops/generated/registration.cpp"
+
+
+def _registration_text(project: Project) -> str:
+    return kernelgen.render_registration(project.registrations, device=project.device)
+
+
+def _check_registration(project: Project) -> bool:
+    """Whether the registration file must be (re)written; refuses to touch one edited by hand."""
+    path = project.root / REGISTRATION
+    if not path.exists():
+        return bool(project.registrations)
+    text = path.read_text(errors="replace")
+    if not kernelgen.is_pristine_registration(text):
+        raise ProjectError(
+            f"{REGISTRATION} was edited by hand and backendgen rewrites it; move your own registrations "
+            "to a file of yours, then delete it and run the command again"
+        )
+    return text != _registration_text(project)
+
+
+def _write_registration(project: Project, tx: Transaction) -> None:
+    tx.write(project.root / REGISTRATION, _registration_text(project))
+
+
 def _paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
     stem = plan.file_stem
     return f"csrc/aten/ops/{stem}.cpp", f"tests/ops/test_{stem}.py"
@@ -205,6 +231,7 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
             covers=[c for c in plan.covers if c != plan.target.qualified],
             overloads=[o.qualified for o in db.overloads(plan.target.base)],
             source_sha256=sha256_of(root / source),
+            registration=kernelgen.registration_entry(plan, device=project.device),
         )
     )
     return plan.target.qualified
@@ -258,12 +285,14 @@ def add_ops(
             plans, result.unchanged = plan_ops(names, project, db)
             for plan in plans:
                 result.notes.extend(plan.notes)
-        if not plans:
+            rewrite_registration = _check_registration(project)
+        if not plans and not rewrite_registration:
             return result
         if dry_run:
             for plan in plans:
                 result.files += [project.root / p for p in _paths(plan)]
                 result.added.append(plan.target.qualified)
+            result.files.append(project.root / REGISTRATION)
             return result
         tx = Transaction(project.root)
         so = build.extension_path(project.root, project.package)
@@ -272,13 +301,14 @@ def add_ops(
                 if so is not None:
                     tx.touch_file(so)  # a rollback also restores the built extension
                 result.added = [_write_op(project, db, plan, tx) for plan in plans]
+                _write_registration(project, tx)
                 tx.write(project.metadata_path, project_metadata_text(project))
                 result.files = [p for p in tx.written if p.exists() and p != so]
             if build_it:
                 with rep.step("build"):
                     build.build(project.root, project.package, project.data["dist_name"])
                 result.built = True
-                if test_it:
+                if test_it and plans:
                     with rep.step("test"):
                         tests = [p for p in (_paths(plan)[1] for plan in plans)]
                         build.run_tests(project.root, tests, name="add-op-test")

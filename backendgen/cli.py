@@ -139,10 +139,12 @@ def add_op(
     for note in res.notes:
         con.print(f"note: {note}")
     for op in res.unchanged:
-        con.print(f"{op} is already native in this project: nothing to do")
+        con.print(f"{op} is already native in this project")
     verb = "would write" if dry_run else "wrote"
     for f in res.files:
         con.print(f"{verb} {f.relative_to(res.root)}")
+    if not res.files:
+        con.print("nothing to do")
     if res.added and not dry_run:
         state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
         con.print(f"[green]{', '.join(res.added)}[/green]: {state}")

@@ -5,11 +5,13 @@ overload, which makes the functional, in-place and out= forms all native) and re
 a kernel cannot serve (CompositeImplicitAutograd decompositions, views). `render_kernel` and
 `render_test` fill the jinja templates in `template/ops/` with the exact C++ signature from
 torchgen and a body that runs the CPU kernel on the device memory (zero-copy: the emulated device's
-memory is host memory). That body is where a hardware team calls its SDK.
+memory is host memory). That body is where a hardware team calls its SDK. `render_registration`
+writes the one file that registers every generated kernel with the dispatcher.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -201,9 +203,41 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         op=op,
         plan=plan,
         body=body,
-        namespace=_ident(f"{op.base}_{op.overload}" if op.overload else op.base),
+        namespace=registration_entry(plan, device=device)["namespace"].split("::", 2)[2],
         source_path=source_path,
     )
+
+
+def registration_entry(plan: KernelPlan, *, device: str) -> dict:
+    """What the generated registration file needs to know of one kernel (stored in backendgen.json)."""
+    op = plan.target
+    return {
+        "name": op.name,
+        "root": op.root,
+        "ops_struct": op.ops_struct,
+        "namespace": f"{device}::ops::{_ident(f'{op.base}_{op.overload}' if op.overload else op.base)}",
+        "function": op.cpp_name,
+    }
+
+
+_SEAL = "// backendgen sha256: "
+
+
+def render_registration(entries: list[dict], *, device: str) -> str:
+    """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator.
+
+    The last line seals the file with the hash of the rest, so that a later run can tell a file it
+    may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
+    """
+    entries = sorted(entries, key=lambda e: e["name"])
+    text = _env().get_template("registration.cpp.j2").render(device=device, entries=entries)
+    return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
+
+
+def is_pristine_registration(text: str) -> bool:
+    """Whether `text` is a registration file exactly as backendgen wrote it."""
+    body, sep, seal = text.rstrip("\n").rpartition("\n" + _SEAL)
+    return bool(sep) and seal == hashlib.sha256((body + "\n").encode()).hexdigest()
 
 
 def opinfo_hints(op: Op) -> list[str]:

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -47,6 +48,18 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+_REGISTRATION_KEYS = ("name", "root", "ops_struct", "namespace", "function")
+_CPP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")  # what may reach the generated C++ from the file
+
+
+def _valid_registration(entry) -> bool:
+    return (
+        isinstance(entry, dict)
+        and set(entry) == set(_REGISTRATION_KEYS)
+        and all(isinstance(v, str) and _CPP_NAME.match(v) for v in entry.values())
+    )
+
+
 @dataclass
 class OpRecord:
     op: str  # "aten::mul.out"
@@ -59,6 +72,7 @@ class OpRecord:
     covers: list[str] = field(default_factory=list)
     overloads: list[str] = field(default_factory=list)  # the base op's overloads at generation
     source_sha256: str | None = None  # as generated; a different hash means the user edited it
+    registration: dict | None = None  # its line in csrc/aten/ops/generated/registration.cpp (kernelgen.registration_entry)
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if v not in (None, [])}
@@ -103,6 +117,11 @@ class Project:
                 return rec
         return None
 
+    @property
+    def registrations(self) -> list[dict]:
+        """The kernels registered by the generated registration file."""
+        return [rec.registration for rec in self.ops if rec.registration]
+
     def add_op(self, rec: OpRecord) -> None:
         self.data["ops"] = [d for d in self.data["ops"] if d["op"] != rec.op] + [rec.to_json()]
 
@@ -135,9 +154,12 @@ class Project:
         if not isinstance(data["ops"], list) or not all(isinstance(d, dict) and "op" in d and "schema" in d for d in data["ops"]):
             raise ProjectError(f"{path}: 'ops' is malformed; restore it from version control")
         try:
-            [OpRecord(**d) for d in data["ops"]]
+            records = [OpRecord(**d) for d in data["ops"]]
         except TypeError as e:
             raise ProjectError(f"{path}: an op entry is malformed ({e})") from None
+        for rec in records:
+            if rec.registration is not None and not _valid_registration(rec.registration):
+                raise ProjectError(f"{path}: the registration of {rec.op} is malformed; restore it from version control")
         return cls(root.resolve(), data)
 
     @classmethod

@@ -219,3 +219,32 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(full_disk):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "No space left on device" in out.stderr and "nothing was written" in out.stderr
     assert list(full_disk.iterdir()) == []
+
+
+def test_registration_file_is_rewritten_when_deleted_and_refused_when_edited(rendered_project, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    reg = root / "csrc/aten/ops/generated/registration.cpp"
+    original = reg.read_text()
+    assert 'm.impl("mul.out"' in original
+    reg.unlink()  # deleting it asks backendgen to write it again, from backendgen.json
+    out = run_cli("add-op", "mul.Tensor", "--no-build", cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert "wrote csrc/aten/ops/generated/registration.cpp" in out.stdout and reg.read_text() == original
+
+    reg.write_text(original.replace('m.impl("mul.out"', 'm.impl("mul.out" /* mine */'))
+    edited = reg.read_text()
+    out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
+    assert out.returncode == 2 and "edited by hand" in out.stderr and "Traceback" not in out.stderr
+    assert reg.read_text() == edited and not (root / "csrc/aten/ops/abs.cpp").exists()
+
+
+def test_a_malformed_registration_record_cannot_inject_code(rendered_project, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    meta = json.loads((root / "backendgen.json").read_text())
+    rec = next(d for d in meta["ops"] if d["op"] == "aten::mul.out")
+    rec["registration"]["function"] = 'mul_out_out)); system("id"); //'
+    (root / "backendgen.json").write_text(json.dumps(meta))
+    out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
+    assert out.returncode == 2 and "registration of aten::mul.out is malformed" in out.stderr
