@@ -28,6 +28,8 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     masq = ccache_dir()
     if masq is not None:
         env["PATH"] = f"{masq}{os.pathsep}{env.get('PATH', '')}"
+    elif os.environ.get("BACKENDGEN_NO_CCACHE"):
+        env["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch's cpp_extension prepends a ccache it finds on PATH itself
     env.update(extra or {})
     return env
 

@@ -111,7 +111,7 @@ def main() -> None:
 
         # cold build without ccache, so it is the compiler's time
         _time(_bg("new", device, "-o", str(root), "--no-build"))
-        cold_env = dict(env, BACKENDGEN_NO_CCACHE="1")
+        cold_env = dict(env, BACKENDGEN_NO_CCACHE="1", TORCH_NO_COMPILER_WRAPPER="1")
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
                         f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
