@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,29 @@ def unique_device(prefix: str = "dev") -> str:
     """A device name no test hard-codes: each session builds a backend nobody has seen."""
     letters = uuid.uuid4().hex[:8].translate(str.maketrans("0123456789", "ghijklmnop"))
     return f"{prefix}{letters}"  # torch.device() accepts no digits in a device type
+
+
+@contextmanager
+def read_only(directory: Path):
+    """Make `directory` unwritable for the duration. Permissions do not stop root, so as root it is
+    bind-mounted read-only over itself (the test is skipped where mounting is not allowed)."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True).returncode == 0
+    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)],
+                                     capture_output=True).returncode != 0:
+        if mounted:
+            subprocess.run(["umount", str(directory)], capture_output=True)
+        pytest.skip("cannot bind-mount a directory read-only here (needed as root)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], capture_output=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shutil
 import signal
@@ -16,7 +15,7 @@ import pytest
 
 from backendgen import api, build, opdb
 from backendgen.errors import EnvironmentProblem
-from conftest import unique_device
+from conftest import read_only, unique_device
 
 
 def test_torch_missing(monkeypatch):
@@ -107,9 +106,7 @@ def test_another_installed_backend_is_reported_before_anything_is_written(built_
 @pytest.fixture
 def read_only_python(tmp_path):
     """A virtualenv whose site-packages cannot be written, seeing this environment's packages.
-
-    Permissions do not stop root, so as root the directory is bind-mounted read-only over itself;
-    otherwise it is made read-only. Yields the interpreter and that directory."""
+    Yields the interpreter and that directory."""
     import sysconfig
 
     venv = tmp_path / "ro-venv"
@@ -119,22 +116,8 @@ def read_only_python(tmp_path):
                                    capture_output=True, text=True, check=True).stdout.strip())
     outer = sysconfig.get_paths()["purelib"]
     (site_dir / "outer.pth").write_text(f"import site; site.addsitedir({outer!r})\n")
-    mounted = False
-    if os.geteuid() == 0:
-        for cmd in (["mount", "--bind", str(site_dir), str(site_dir)], ["mount", "-o", "remount,bind,ro", str(site_dir)]):
-            if subprocess.run(cmd, capture_output=True).returncode != 0:
-                subprocess.run(["umount", str(site_dir)], capture_output=True)
-                pytest.skip("cannot bind-mount a directory read-only here (needed as root)")
-            mounted = True
-    else:
-        site_dir.chmod(0o555)
-    try:
+    with read_only(site_dir):
         yield python, site_dir
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(site_dir)], capture_output=True)
-        else:
-            site_dir.chmod(0o755)
 
 
 def test_read_only_site_packages_is_refused_before_anything_is_written(read_only_python, tmp_path):
