@@ -1,8 +1,10 @@
 """backendgen's performance figures (issue #6): run them, print a table, write JSON.
 
-    python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json]
+    python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json] [--no-instructions]
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
+Where valgrind is installed, the small-op comparison is also counted in instructions (callgrind),
+which unlike seconds do not depend on what else the machine is doing.
 The script generates its own backend under a fresh name in a temporary directory, installs it
 (editable) for the duration of the run and uninstalls it afterwards. Timings are never asserted
 by the unit tests: machines are noisy; this script is where the numbers come from.
@@ -68,10 +70,16 @@ DEVICE_BENCH = textwrap.dedent(
     """
     import json, sys, timeit, torch
     dev = sys.argv[1]
-    def ratio(fn_dev, fn_cpu, number):
-        d = min(timeit.repeat(fn_dev, number=number, repeat=5))
-        c = min(timeit.repeat(fn_cpu, number=number, repeat=5))
-        return d / c, d / number, c / number
+    def ratio(fn_dev, fn_cpu, number, repeat=9):
+        # device and CPU timed in alternation, the median of the pairs' ratios: the machine's
+        # speed drifts over seconds, and a ratio of two separate blocks would measure the drift
+        fn_dev(), fn_cpu()
+        pairs = []
+        for _ in range(repeat):
+            d = timeit.timeit(fn_dev, number=number)
+            c = timeit.timeit(fn_cpu, number=number)
+            pairs.append((d / c, d / number, c / number))
+        return sorted(pairs)[repeat // 2]
     a, b = torch.randn(16), torch.randn(16)
     ad, bd = a.to(dev), b.to(dev)
     small = ratio(lambda: ad + bd, lambda: a + b, 20000)
@@ -88,10 +96,46 @@ DEVICE_BENCH = textwrap.dedent(
 )
 
 
+INSTR_BENCH = textwrap.dedent(
+    """
+    import os, subprocess, sys, torch
+    dev, side, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    a, b = torch.randn(16), torch.randn(16)
+    if side == "device":
+        a, b = a.to(dev), b.to(dev)
+    a + b
+    # instrument only from here: import torch under valgrind is what costs minutes
+    subprocess.run(["callgrind_control", "--instr=on", str(os.getpid())], check=True, capture_output=True)
+    for _ in range(n):
+        a + b
+    """
+)
+
+
+def small_op_instructions(device: str, env: dict, n: int = 2000) -> dict[str, float]:
+    """Instructions per 16-float `a + b` from Python's `+` down (callgrind counts only inside
+    THPVariable_add), on the device and on the CPU. Empty without valgrind."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return {}
+    per_op = {}
+    for side in ("device", "cpu"):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "callgrind.out"
+            subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                            "--toggle-collect=torch::autograd::THPVariable_add(*", f"--callgrind-out-file={out}",
+                            sys.executable, "-c", INSTR_BENCH, device, side, str(n)],
+                           env=env, capture_output=True, check=True)
+            totals = [line for line in out.read_text().splitlines() if line.startswith(("totals:", "summary:"))]
+            per_op[side] = int(totals[-1].split()[1]) / n
+    return {"small_op_instr_device": per_op["device"], "small_op_instr_cpu": per_op["cpu"],
+            "small_op_instr_ratio": per_op["device"] / per_op["cpu"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "latest.json")
+    ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count (about a minute)")
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
     work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
@@ -99,6 +143,10 @@ def main() -> None:
     res: dict[str, float] = {}
     env = dict(os.environ)
     try:
+        # the machine's speed today: every figure below scales with these (none has a target)
+        res["ref_python_start_s"] = _median(lambda: _time([sys.executable, "-c", "pass"]), 5)
+        res["ref_import_torch_s"] = _median(lambda: _time([sys.executable, "-c", "import torch"],
+                                                          env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")), 3)
         res["help_s"] = _median(lambda: _time(_bg("--help")), max(args.runs, 5))
 
         def render():
@@ -147,6 +195,8 @@ def main() -> None:
         if out.returncode != 0:
             raise SystemExit(out.stderr)
         res.update(json.loads(out.stdout.strip().splitlines()[-1]))
+        if not args.no_instructions:
+            res.update(small_op_instructions(device, env))
     finally:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", f"torch-{device}"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
