@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 
-
 from backendgen.check import check_project
 from backendgen.project import Project
 from conftest import run_cli
