@@ -203,9 +203,14 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         op=op,
         plan=plan,
         body=body,
-        namespace=registration_entry(plan, device=device)["namespace"].split("::", 2)[2],
+        namespace=_kernel_namespace(op),
         source_path=source_path,
     )
+
+
+def _kernel_namespace(op: Op) -> str:
+    """The C++ namespace (below `<device>::ops`) of an operator's kernel: one per overload."""
+    return _ident(f"{op.base}_{op.overload}" if op.overload else op.base)
 
 
 def registration_entry(plan: KernelPlan, *, device: str) -> dict:
@@ -215,7 +220,7 @@ def registration_entry(plan: KernelPlan, *, device: str) -> dict:
         "name": op.name,
         "root": op.root,
         "ops_struct": op.ops_struct,
-        "namespace": f"{device}::ops::{_ident(f'{op.base}_{op.overload}' if op.overload else op.base)}",
+        "namespace": f"{device}::ops::{_kernel_namespace(op)}",
         "function": op.cpp_name,
     }
 
