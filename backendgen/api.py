@@ -17,7 +17,7 @@ from backendgen import __version__, build, kernelgen, naming, render
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
-from backendgen.project import METADATA_FORMAT, OpRecord, Project, Transaction, sha256_of
+from backendgen.project import METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
 
 SUPPORTED_TORCH = ("2.13",)
 
@@ -173,29 +173,26 @@ class AddOpsResult:
     tested: bool = False
 
 
-REGISTRATION = "csrc/aten/ops/generated/registration.cpp"
-
-
 def _registration_text(project: Project) -> str:
     return kernelgen.render_registration(project.registrations, device=project.device)
 
 
 def _check_registration(project: Project) -> bool:
     """Whether the registration file must be (re)written; refuses to touch one edited by hand."""
-    path = project.root / REGISTRATION
+    path = project.root / REGISTRATION_FILE
     if not path.exists():
         return bool(project.registrations)
     text = path.read_text(errors="replace")
     if not kernelgen.is_pristine_registration(text):
         raise ProjectError(
-            f"{REGISTRATION} was edited by hand and backendgen rewrites it; move your own registrations "
+            f"{REGISTRATION_FILE} was edited by hand and backendgen rewrites it; move your own registrations "
             "to a file of yours, then delete it and run the command again"
         )
     return text != _registration_text(project)
 
 
 def _write_registration(project: Project, tx: Transaction) -> None:
-    tx.write(project.root / REGISTRATION, _registration_text(project))
+    tx.write(project.root / REGISTRATION_FILE, _registration_text(project))
 
 
 def _paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
@@ -292,7 +289,7 @@ def add_ops(
             for plan in plans:
                 result.files += [project.root / p for p in _paths(plan)]
                 result.added.append(plan.target.qualified)
-            result.files.append(project.root / REGISTRATION)
+            result.files.append(project.root / REGISTRATION_FILE)
             return result
         tx = Transaction(project.root)
         so = build.extension_path(project.root, project.package)

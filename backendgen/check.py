@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from backendgen import __version__
 from backendgen.opdb import OpDB, load_opdb
-from backendgen.project import Project
+from backendgen.project import REGISTRATION_FILE, Project
 
 SEVERITIES = ("ok", "info", "warning", "error")
 
@@ -328,9 +329,23 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
         if not k["has"]:
             report.add("extension", "error", op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
                        kind="missing_kernel")
-        elif rec is not None and rec.origin == "add-op" and Path(rec.source).name not in k["line"]:
-            report.add("extension", "warning", op, f"its PrivateUse1 kernel is not the one in {rec.source}: {k['line'][:160]}")
+        elif rec is not None and rec.origin == "add-op" and not _registered_here(k["line"], project, rec.source):
+            report.add("extension", "warning", op,
+                       f"its PrivateUse1 kernel is not registered by {REGISTRATION_FILE} or {rec.source}: {k['line'][:160]}")
     return set(load["registered"])
+
+
+_REGISTERED_AT = re.compile(r" registered at (.+?):\d+")
+
+
+def _registered_here(dispatch_line: str, project: Project, source: str) -> bool:
+    """Whether a dispatch-table line names the project's registration file (or the kernel's own file,
+    where a team moved the registration) as where the kernel was registered."""
+    m = _REGISTERED_AT.search(dispatch_line)
+    if m is None:
+        return False
+    at = Path(m.group(1)).resolve()
+    return at in {(project.root / REGISTRATION_FILE).resolve(), (project.root / source).resolve()}
 
 
 def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered: set[str], list_ops: bool) -> None:

@@ -25,6 +25,7 @@ from backendgen.errors import LockedError, ProjectError
 METADATA_FILE = "backendgen.json"
 METADATA_FORMAT = 1
 LOCK_FILE = ".backendgen.lock"
+REGISTRATION_FILE = "csrc/aten/ops/generated/registration.cpp"  # every add-op kernel's m.impl, generated
 _REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
 
 

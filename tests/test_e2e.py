@@ -82,6 +82,7 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["exit_code"] == 0
+    assert [f for f in report["findings"] if f["severity"] in ("warning", "error")] == []
 
     # a failing build leaves the project exactly as it was
     snapshot = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "build" not in p.parts}
