@@ -155,3 +155,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(ops::set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(ops::set_tensor));
 }
+
+// A conjugated or negated source reaches _copy_from as it is: copy_ is conj/neg-aware, and so is
+// copy_from (the CPU copy on the host aliases resolves the bits). Without these fallthroughs the
+// Conjugate/Negative fallback would first materialise the source with clone, whose copy_ calls
+// _copy_from again with the same source: endless recursion (`x.conj() + x` crashed the process).
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
