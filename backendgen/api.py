@@ -216,21 +216,23 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
     for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", kernelgen.render_harness(device=project.device))):
         if not (root / rel).exists():
             tx.write(root / rel, text)
-    project.add_op(
-        OpRecord(
-            op=plan.target.qualified,
-            schema=plan.target.qualified_schema,
-            signature=plan.target.signature,
-            source=source,
-            origin="add-op",
-            test=test,
-            requested=plan.requested.qualified,
-            covers=[c for c in plan.covers if c != plan.target.qualified],
-            overloads=[o.qualified for o in db.overloads(plan.target.base)],
-            source_sha256=sha256_of(root / source),
-            registration=kernelgen.registration_entry(plan, device=project.device),
+    # one record per kernel in the file: the target's, and the functional's if it has its own
+    for op in [plan.target] + ([plan.functional] if plan.functional else []):
+        project.add_op(
+            OpRecord(
+                op=op.qualified,
+                schema=op.qualified_schema,
+                signature=op.signature,
+                source=source,
+                origin="add-op",
+                test=test,
+                requested=plan.requested.qualified,
+                covers=[c for c in plan.covers if c != op.qualified] if op is plan.target else [],
+                overloads=[o.qualified for o in db.overloads(op.base)],
+                source_sha256=sha256_of(root / source),
+                registration=kernelgen.registration_entry(plan, device=project.device, op=op),
+            )
         )
-    )
     return plan.target.qualified
 
 

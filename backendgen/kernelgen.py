@@ -27,6 +27,9 @@ class KernelPlan:
     target: Op  # the overload that gets the kernel
     covers: list[str]  # qualified names that become native through it
     notes: list[str] = field(default_factory=list)
+    # A structured op's functional overload, when it gets a kernel of its own in the same file
+    # (one shape pass, output allocated straight from the allocator) instead of PyTorch's default.
+    functional: Op | None = None
 
     @property
     def file_stem(self) -> str:
@@ -66,7 +69,21 @@ def plan_kernel(db: OpDB, requested: Op) -> KernelPlan:
         notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
     elif not target.needs_backend_kernel and not target.structured:
         notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
-    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes)
+    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=_functional(db, target))
+
+
+def _functional(db: OpDB, target: Op) -> Op | None:
+    """The functional overload of `target`'s structured family, if the kernel file can serve it
+    directly: the CPU has a structured class for `target` to borrow the meta function and loop
+    from, and the functional's arguments are plain tensors (no lists) and non-tensors."""
+    if not target.cpu_structured_class:
+        return None
+    for op in _family(db, target):
+        if op.kind == "functional" and op.meta_args is not None and all(
+            a.cpp_type not in _LISTS for a in op.args
+        ) and (op.returns_cpp == "at::Tensor" or re.fullmatch(r"::std::tuple<at::Tensor(,at::Tensor)+>", op.returns_cpp)):
+            return op
+    return None
 
 
 # --- the kernel body ---------------------------------------------------------------------------
@@ -102,17 +119,36 @@ def _split_tuple(cpp: str) -> list[str]:
     return parts
 
 
+def cpu_args(op: Op) -> str:
+    """How `op` treats CPU tensors among its arguments (kernels::CpuArgs, see kernel_support.h):
+    PyTorch checks ExactSame operators before their kernel; a TensorIterator checks its operands
+    (CPU scalars allowed) unless the meta function first rearranges them (`index` moves CPU
+    indices to the device: it precomputes); other NoCheck operators check for themselves."""
+    if op.device_check == "ExactSame":
+        return "rejected"
+    return "scalars" if op.tensor_iterator and not op.precomputed else "allowed"
+
+
+def device_setup(op: Op) -> list[str]:
+    """Statements that check `op`'s tensor arguments' devices and make the common one current."""
+    tensors = [a.name for a in op.args if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR or a.cpp_type in _LISTS]
+    if not tensors:
+        return []
+    return [
+        f'const c10::Device run_on = {K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, '
+        f"{', '.join(tensors)});",
+        "c10::DeviceGuard guard(run_on);",
+    ]
+
+
 def kernel_body(op: Op) -> Body:
     """C++ statements that run `op` on host aliases of the device memory."""
-    setup, prelude, epilogue, call_args = [], [], [], []
+    setup, prelude, epilogue, call_args = device_setup(op), [], [], []
     writes: list[str] = []
-    guard = None
-    device_expr = None
+    device_expr = "run_on" if setup else None
     for a in op.args:
         t, n = a.cpp_type, a.name
         if t in _TENSOR:
-            if guard is None:
-                guard = n
             if a.is_write or t == "at::Tensor &":
                 prelude.append(f"at::Tensor {n}_h = {K}::host_alias({n});")
                 epilogue.append(f"{K}::write_back({n}, {n}_h);")
@@ -127,9 +163,6 @@ def kernel_body(op: Op) -> Body:
             if a.is_write:
                 epilogue.append(f"for (size_t i = 0; i < {n}.size(); ++i) {K}::write_back({n}[i], {n}_h[i]);")
             call_args.append(f"{n}_h")
-            if guard is None and t != "const c10::List<::std::optional<at::Tensor>> &":
-                guard = f"{n}_first"
-                setup.append(f"at::Tensor {n}_first = {n}.size() ? *{n}.begin() : at::Tensor();")
         elif t == "::std::optional<at::Device>":
             device_expr = f"{n}.value_or(c10::Device(c10::DeviceType::PrivateUse1))"
             call_args.append("::std::optional<at::Device>(at::kCPU)")
@@ -138,9 +171,7 @@ def kernel_body(op: Op) -> Body:
         else:
             call_args.append(n)
     if device_expr is None:
-        device_expr = f"{K}::device_of({guard})" if guard else "c10::Device(c10::DeviceType::PrivateUse1)"
-    if guard:
-        setup.append(f"c10::OptionalDeviceGuard guard({K}::device_of({guard}));")
+        device_expr = "c10::Device(c10::DeviceType::PrivateUse1)"
     to_dev = f"const c10::Device device = {device_expr};"
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     ret_cpp = op.returns_cpp
@@ -174,6 +205,47 @@ def kernel_body(op: Op) -> Body:
     return Body(setup, prelude, f"auto result = {call};", epilogue, "result")
 
 
+@dataclass
+class FunctionalBody:
+    cls: str  # the kernel's class: the CPU structured class with device outputs
+    base: str  # the CPU structured class it derives from
+    tensor_iterator: bool  # the base is a TensorIterator, which must be told of each output
+    outputs: int
+    host_signature: str  # of the function that runs the meta function and the loop on host aliases
+    host_fn: str
+    meta_args: list[str]
+    impl_args: list[str]
+    setup: list[str]
+    host_call_args: list[str]
+    ret: str
+
+
+def functional_body(plan: KernelPlan) -> FunctionalBody | None:
+    """The parts of the functional kernel of `plan`'s structured family, if it has one."""
+    f = plan.functional
+    if f is None:
+        return None
+    outputs = 1 if f.returns_cpp == "at::Tensor" else len(_split_tuple(f.returns_cpp))
+    moved = [f"std::move(op.device[{i}])" for i in range(outputs)]
+    ret = moved[0] if outputs == 1 else f"{f.returns_cpp}({', '.join(moved)})"
+    host_args = [f"{K}::host_alias({a.name})" if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR else a.name for a in f.args]
+    host_fn = f"{f.cpp_name}_on_host"
+    meta_args = list(f.meta_args or ())
+    return FunctionalBody(
+        cls=f"{f.cpp_name}_kernel",
+        base=plan.target.cpu_structured_class or "",
+        tensor_iterator=plan.target.tensor_iterator,
+        outputs=outputs,
+        host_signature=f.signature.replace(f" {f.cpp_name}(", f" {host_fn}(", 1),
+        host_fn=host_fn,
+        meta_args=meta_args,
+        impl_args=meta_args + [f"op.host[{i}]" for i in range(outputs)],
+        setup=device_setup(f),
+        host_call_args=host_args,
+        ret=ret,
+    )
+
+
 # --- rendering -----------------------------------------------------------------------------------
 
 def _env():
@@ -203,6 +275,7 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         op=op,
         plan=plan,
         body=body,
+        functional=functional_body(plan),
         namespace=_kernel_namespace(op),
         source_path=source_path,
     )
@@ -213,14 +286,15 @@ def _kernel_namespace(op: Op) -> str:
     return _ident(f"{op.base}_{op.overload}" if op.overload else op.base)
 
 
-def registration_entry(plan: KernelPlan, *, device: str) -> dict:
-    """What the generated registration file needs to know of one kernel (stored in backendgen.json)."""
-    op = plan.target
+def registration_entry(plan: KernelPlan, *, device: str, op: Op | None = None) -> dict:
+    """What the generated registration file needs to know of one kernel of `plan`'s file (the
+    target's, or `op`'s: the functional's) — stored in backendgen.json."""
+    op = op or plan.target
     return {
         "name": op.name,
         "root": op.root,
         "ops_struct": op.ops_struct,
-        "namespace": f"{device}::ops::{_kernel_namespace(op)}",
+        "namespace": f"{device}::ops::{_kernel_namespace(plan.target)}",
         "function": op.cpp_name,
     }
 

@@ -65,3 +65,58 @@ def test_registration_registers_each_kernel_under_its_operator_name(db):
     assert "namespace npu::ops::topk_values {\nat::_ops::topk_values::schema topk_out_values;\n}" in text
     assert 'm.impl("mul.out", TORCH_FN(npu::ops::mul_out::mul_out_out));' in text
     assert text.index('m.impl("mul.out"') < text.index('m.impl("topk.values"')  # sorted: stable diffs
+
+
+@pytest.mark.parametrize(
+    "requested, functional, cpu_class",
+    [
+        ("add.Tensor", "aten::add.Tensor", "at::native::structured_ufunc_add_CPU"),
+        ("topk", "aten::topk", "at::native::structured_topk_out_cpu"),
+        ("abs.out", None, None),  # not structured
+        ("index_add", None, None),  # its meta function precomputes values for the kernel
+    ],
+)
+def test_functional_kernel_only_where_the_cpu_class_can_serve_it(db, requested, functional, cpu_class):
+    plan = kernelgen.plan_kernel(db, db.resolve(requested))
+    assert plan.target.cpu_structured_class == cpu_class
+    assert (plan.functional.qualified if plan.functional else None) == functional
+
+
+def test_functional_kernel_computes_the_shape_once_into_device_memory(db):
+    plan = kernelgen.plan_kernel(db, db.resolve("topk"))
+    text = kernelgen.render_kernel(plan, device="npu", source_path="csrc/aten/ops/topk_values.cpp", torch_version="x")
+    assert "struct topk_kernel final : at::native::structured_topk_out_cpu {" in text
+    assert "device[i] = kernels::empty_device(sizes, strides, options);" in text
+    # SymInt k reaches the meta function as an int, by torchgen's translation
+    assert "op.meta(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted);" in text
+    assert "op.impl(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted, op.host[0], op.host[1]);" in text
+    assert plan.functional.signature + " {" in text
+    assert "at::_ops::topk::schema topk;" in text and "decltype(topk), at::_ops::topk::schema>" in text
+    # topk's meta is not a TensorIterator: the base class must not be told of the outputs
+    assert "structured_topk_out_cpu::set_output_raw_strided" not in text
+    add = kernelgen.render_kernel(kernelgen.plan_kernel(db, db.resolve("add.out")), device="npu", source_path="x",
+                                  torch_version="x")
+    assert "at::native::structured_ufunc_add_CPU::set_output_raw_strided(i, sizes, strides, options);" in add
+
+
+@pytest.mark.parametrize(
+    "op, rule",
+    [("add.out", "scalars"), ("topk.values", "rejected"), ("index.Tensor_out", "allowed")],
+)
+def test_kernels_check_devices_by_the_operators_rule(db, op, rule):
+    plan = kernelgen.plan_kernel(db, db.resolve(op))
+    body = kernelgen.kernel_body(plan.target)
+    tensors = [a.name for a in plan.target.args if "Tensor" in a.cpp_type]
+    assert body.setup[0] == (
+        f'const c10::Device run_on = kernels::common_device("{plan.target.qualified}", kernels::CpuArgs::{rule}, '
+        f"{', '.join(tensors)});"
+    )
+
+
+def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
+    plan = kernelgen.plan_kernel(db, db.resolve("add.out"))
+    entries = [kernelgen.registration_entry(plan, device="npu"),
+               kernelgen.registration_entry(plan, device="npu", op=plan.functional)]
+    text = kernelgen.render_registration(entries, device="npu")
+    assert 'm.impl("add.Tensor", TORCH_FN(npu::ops::add_out::add_Tensor));' in text
+    assert 'm.impl("add.out", TORCH_FN(npu::ops::add_out::add_out_out));' in text

@@ -55,6 +55,54 @@ def test_native_add_and_mul_do_not_fall_back(mod):
     assert out.shape == (16,)  # the empty out= tensor grew
 
 
+def test_native_add_allocates_its_result_in_device_memory(mod):
+    a = torch.randn(1000, device=DEVICE)
+    before = torch.accelerator.memory_allocated()
+    c = a + a
+    assert torch.accelerator.memory_allocated() - before >= c.numel() * c.element_size()
+    del c
+    assert torch.accelerator.memory_allocated() == before
+
+
+def test_native_add_follows_cpu_type_promotion_broadcasting_and_layout():
+    i = torch.arange(6).reshape(2, 3)
+    f = torch.randn(3)
+    cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    cases = [(i, f), (i, torch.tensor(2.5)), (torch.tensor(2.5), i), (i, True), (cl, cl), (torch.empty(0, 3), f)]
+    for x, y in cases:
+        dx = x.to(DEVICE) if isinstance(x, torch.Tensor) and x.dim() else x
+        dy = y.to(DEVICE) if isinstance(y, torch.Tensor) and y.dim() else y  # 0-dim CPU tensors stay on the CPU
+        got, want = dx + dy, x + y
+        assert got.device.type == DEVICE and got.dtype == want.dtype and got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_native_kernels_reject_a_cpu_tensor_argument():
+    d = torch.ones(3, device=DEVICE)
+    for call in (lambda: d + torch.ones(3), lambda: torch.ones(3) * d, lambda: torch.add(d, torch.ones(3), out=d)):
+        with pytest.raises(RuntimeError, match="same .*device"):
+            call()
+
+
+def test_recycled_host_views_do_not_leak_state_between_calls():
+    # every kernel views device memory through CPU tensors that are re-pointed between calls:
+    # dtype, shape, strides, offset and the conjugate bit of one call must not reach the next
+    x = torch.randn(4, 6, dtype=torch.float64)
+    z = torch.randn(5, dtype=torch.complex64)
+    d, dz = x.to(DEVICE), z.to(DEVICE)
+    view = d[1:, ::2]  # keeps a storage alive across the calls below
+    for _ in range(3):
+        torch.testing.assert_close((d.t() * 2).cpu(), x.t() * 2)
+        torch.testing.assert_close((dz.conj() + dz).cpu(), z.conj() + z)
+        torch.testing.assert_close((dz.conj().imag * 2).cpu(), z.conj().imag * 2)  # a negative view
+        torch.testing.assert_close((view + 1).cpu(), x[1:, ::2] + 1)
+        torch.testing.assert_close((d[2:].to(torch.int32) + 1).cpu(), x[2:].to(torch.int32) + 1)
+        out = torch.empty(0, device=DEVICE, dtype=torch.float64)
+        torch.add(d, d, out=out)  # the out= view is grown by the CPU kernel, then copied back
+        torch.testing.assert_close(out.cpu(), x + x)
+    torch.testing.assert_close(view.cpu(), x[1:, ::2])
+
+
 def test_fallback_runs_counts_and_warns(mod):
     x = torch.randn(10)
     d = x.to(DEVICE)

@@ -1,16 +1,19 @@
-// Implementation of kernel_support.h: zero-copy host views of {{ cookiecutter.device }} memory.
+// Implementation of kernel_support.h: zero-copy host views of {{ cookiecutter.device }} memory,
+// device checks and output allocation for kernels.
 //
 // What a hardware team replaces: host_alias only works because the emulated device memory is host
 // memory. With real device memory, kernels launch SDK work on device pointers instead, and the
-// minimal ops (_copy_from) move bytes with driver::memcpy.
+// minimal ops (_copy_from) move bytes with driver::memcpy. common_device and empty_device stay.
 #include "aten/kernel_support.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty_ops.h>
 #include <ATen/ops/empty_strided_ops.h>
 #include <ATen/ops/resize_ops.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <array>
 #include <cstring>
 
 #include "runtime/runtime.h"
@@ -19,10 +22,9 @@ namespace {{ cookiecutter.device }}::kernels {
 
 namespace {
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
-}  // namespace
 
-at::Tensor host_alias(const at::Tensor& t) {
-  if (!on_device(t)) return t;
+// A CPU tensor over the memory of device tensor `t`, sharing nothing with it but the bytes.
+at::Tensor make_alias(const at::Tensor& t) {
   const c10::Storage& st = t.storage();
   // Non-owning: the device allocator frees the memory; resizable, so an out= kernel may grow it
   // (write_back notices and moves the result to device memory).
@@ -35,6 +37,49 @@ at::Tensor host_alias(const at::Tensor& t) {
   if (t.is_conj()) h._set_conj(true);
   if (t.is_neg()) h._set_neg(true);
   return h;
+}
+
+// Creating and destroying a tensor costs about as much as adding 16 floats, and every kernel call
+// makes one alias per tensor argument. So each thread keeps a few aliases and re-points one
+// whose last user has let go: nothing but this pool holds it, its storage or a weak reference,
+// and no kernel turned it into something else (autograd metadata, a Python object, a wrapped number).
+constexpr size_t kPoolSize = 8;
+thread_local std::array<at::Tensor, kPoolSize> alias_pool;
+
+bool is_free(const at::Tensor& alias) {
+  const c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  return alias.use_count() == 1 && alias.weak_use_count() == 1 && impl->storage().use_count() == 1 &&
+         impl->autograd_meta() == nullptr && !impl->is_wrapped_number() && impl->pyobj_slot()->load_pyobj() == nullptr;
+}
+
+void repoint(const at::Tensor& alias, const at::Tensor& t) {
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  const c10::Storage& st = t.storage();
+  // Drops whatever the alias pointed at; if an out= kernel had grown it, that frees the CPU memory.
+  storage->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(st.data()), c10::Device(c10::DeviceType::CPU)));
+  storage->set_nbytes(st.nbytes());
+  if (impl->dtype() != t.dtype()) impl->set_storage_and_dtype(impl->storage(), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
+}
+
+}  // namespace
+
+at::Tensor host_alias(const at::Tensor& t) {
+  if (!on_device(t)) return t;
+  for (at::Tensor& slot : alias_pool) {
+    if (!slot.defined()) {
+      slot = make_alias(t);
+      return slot;
+    }
+    if (is_free(slot)) {
+      repoint(slot, t);
+      return slot;
+    }
+  }
+  return make_alias(t);  // more aliases alive than the pool holds
 }
 
 std::optional<at::Tensor> host_alias(const std::optional<at::Tensor>& t) {
@@ -105,6 +150,52 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device) {
 c10::Device device_of(const at::Tensor& t) {
   if (on_device(t)) return t.device();
   return c10::Device(c10::DeviceType::PrivateUse1, runtime::current_device());
+}
+
+namespace detail {
+
+void check_device(std::optional<c10::Device>& common, const at::Tensor& t, CpuArgs cpu, const char* op) {
+  if (!t.defined()) return;
+  if (!on_device(t)) {
+    if (cpu == CpuArgs::allowed || (cpu == CpuArgs::scalars && t.device().is_cpu() && t.dim() == 0)) return;
+    TORCH_CHECK(false, op, ": expected all tensors on the same {{ cookiecutter.device }} device, but found one on ", t.device());
+  }
+  if (!common.has_value()) {
+    common = t.device();
+  } else {
+    TORCH_CHECK(*common == t.device(), op, ": expected all tensors on the same device, but found ", *common, " and ",
+                t.device());
+  }
+}
+
+void check_device(std::optional<c10::Device>& common, const std::optional<at::Tensor>& t, CpuArgs cpu, const char* op) {
+  if (t.has_value()) check_device(common, *t, cpu, op);
+}
+
+void check_device(std::optional<c10::Device>& common, at::ITensorListRef ts, CpuArgs cpu, const char* op) {
+  for (const at::Tensor& t : ts) check_device(common, t, cpu, op);
+}
+
+void check_device(std::optional<c10::Device>& common, at::TensorList ts, CpuArgs cpu, const char* op) {
+  for (const at::Tensor& t : ts) check_device(common, t, cpu, op);
+}
+
+void check_device(std::optional<c10::Device>& common, const c10::List<std::optional<at::Tensor>>& ts, CpuArgs cpu,
+                  const char* op) {
+  for (const std::optional<at::Tensor>& t : ts) check_device(common, t, cpu, op);
+}
+
+c10::Device current() { return c10::Device(c10::DeviceType::PrivateUse1, runtime::current_device()); }
+
+}  // namespace detail
+
+at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options) {
+  constexpr auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  const c10::ScalarType dtype = options.dtype().toScalarType();
+  if (strides.empty()) {
+    return at::detail::empty_generic(sizes, runtime::device_allocator(), keys, dtype, options.memory_format_opt());
+  }
+  return at::detail::empty_strided_generic(sizes, strides, runtime::device_allocator(), keys, dtype);
 }
 
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view) {

@@ -3,13 +3,15 @@
 // The emulated device's memory is host memory, so a kernel can view its tensors as CPU tensors
 // without copying (`host_alias`), run the CPU kernel on them, and publish the result back
 // (`write_back` for mutated arguments, `to_device` for new results). On real hardware kernels
-// call the SDK instead and need these only for host<->device staging.
+// call the SDK instead and need these only for host<->device staging. `common_device` and
+// `empty_device` are what any backend's kernels need: argument checks and output allocation.
 #pragma once
 
 #include <ATen/core/ATen_fwd.h>
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
 
 #include <optional>
 #include <vector>
@@ -31,6 +33,38 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device);
 
 // The device a kernel runs on: `t`'s device if it is a {{ cookiecutter.device }} tensor, else the current device.
 c10::Device device_of(const at::Tensor& t);
+
+// How an operator treats CPU tensors among its arguments. PyTorch checks this before or inside
+// its kernels; the CPU kernels the emulator borrows cannot, because host aliases are all CPU tensors.
+enum class CpuArgs {
+  rejected,  // every tensor on one device (operators with device_check ExactSame)
+  scalars,   // CPU scalars (0-dim tensors) allowed, as TensorIterator allows them
+  allowed,   // any CPU tensor (device_check NoCheck, e.g. CPU indices); the device tensors must agree
+};
+
+namespace detail {
+void check_device(std::optional<c10::Device>& common, const at::Tensor& t, CpuArgs cpu, const char* op);
+void check_device(std::optional<c10::Device>& common, const std::optional<at::Tensor>& t, CpuArgs cpu, const char* op);
+void check_device(std::optional<c10::Device>& common, at::ITensorListRef ts, CpuArgs cpu, const char* op);
+void check_device(std::optional<c10::Device>& common, at::TensorList ts, CpuArgs cpu, const char* op);
+void check_device(std::optional<c10::Device>& common, const c10::List<std::optional<at::Tensor>>& ts, CpuArgs cpu,
+                  const char* op);
+c10::Device current();
+}  // namespace detail
+
+// The device `op` runs on — that of its first {{ cookiecutter.device }} tensor argument, else the
+// current device — after checking every tensor argument against it (a clear error, as on CPU/CUDA).
+template <typename... Tensors>
+c10::Device common_device(const char* op, CpuArgs cpu, const Tensors&... tensors) {
+  std::optional<c10::Device> common;
+  (detail::check_device(common, tensors, cpu, op), ...);
+  return common.has_value() ? *common : detail::current();
+}
+
+// A new tensor in device memory on the current device: contiguous (in `options`' memory format)
+// when `strides` is empty, else with those strides. Takes the allocator directly, not the
+// dispatcher: this is how a kernel allocates its outputs.
+at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options);
 
 // A device tensor sharing `base`'s storage with the geometry of `view` (a host view of base's alias).
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view);
