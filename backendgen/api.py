@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,7 +205,11 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
     """Write the kernel and test of one planned op and record it; return the qualified op."""
     source, test = _paths(plan)
     root = project.root
-    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version)
+    legacy = project.data.get("template_version") == "1"  # its kernel_support.h predates device checks
+    if legacy:
+        plan = dataclasses.replace(plan, functional=None)
+    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version,
+                                          legacy=legacy)
     test_text = kernelgen.render_test(plan, device=project.device, source_path=source)
     for rel, text in ((source, kernel_text), (test, test_text)):
         path = root / rel

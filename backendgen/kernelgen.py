@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import Op, OpDB
@@ -129,11 +129,22 @@ def cpu_args(op: Op) -> str:
     return "scalars" if op.tensor_iterator and not op.precomputed else "allowed"
 
 
-def device_setup(op: Op) -> list[str]:
-    """Statements that check `op`'s tensor arguments' devices and make the common one current."""
+def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
+    """Statements that check `op`'s tensor arguments' devices and make the common one current.
+
+    `legacy`: for projects from template 1, whose kernel_support.h has no common_device: the
+    device of the first tensor argument (or of a list's first tensor), unchecked."""
     tensors = [a.name for a in op.args if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR or a.cpp_type in _LISTS]
     if not tensors:
         return []
+    if legacy:
+        first = next((a for a in op.args if a.cpp_type in _TENSOR or a.cpp_type in ("at::TensorList", "const at::ITensorListRef &")), None)
+        if first is None:
+            return []
+        lines = [] if first.cpp_type in _TENSOR else [
+            f"at::Tensor {first.name}_first = {first.name}.size() ? *{first.name}.begin() : at::Tensor();"]
+        name = first.name if first.cpp_type in _TENSOR else f"{first.name}_first"
+        return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
     return [
         f'const c10::Device run_on = {K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, '
         f"{', '.join(tensors)});",
@@ -141,9 +152,9 @@ def device_setup(op: Op) -> list[str]:
     ]
 
 
-def kernel_body(op: Op) -> Body:
-    """C++ statements that run `op` on host aliases of the device memory."""
-    setup, prelude, epilogue, call_args = device_setup(op), [], [], []
+def kernel_body(op: Op, *, legacy: bool = False) -> Body:
+    """C++ statements that run `op` on host aliases of the device memory (`legacy`: see device_setup)."""
+    setup, prelude, epilogue, call_args = device_setup(op, legacy=legacy), [], [], []
     writes: list[str] = []
     device_expr = "run_on" if setup else None
     for a in op.args:
@@ -266,9 +277,13 @@ def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
 
-def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str) -> str:
+def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str, legacy: bool = False) -> str:
+    """The kernel file of `plan`. `legacy`: for a project from template 1 (no functional kernel,
+    no device checks: its kernel_support.h lacks common_device and empty_device)."""
     op = plan.target
-    body = kernel_body(op)
+    if legacy:
+        plan = replace(plan, functional=None)
+    body = kernel_body(op, legacy=legacy)
     return _env().get_template("kernel.cpp.j2").render(
         device=device,
         torch_version=torch_version,

@@ -120,3 +120,15 @@ def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
     text = kernelgen.render_registration(entries, device="npu")
     assert 'm.impl("add.Tensor", TORCH_FN(npu::ops::add_out::add_Tensor));' in text
     assert 'm.impl("add.out", TORCH_FN(npu::ops::add_out::add_out_out));' in text
+
+
+def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(db):
+    # template 1's kernel_support.h has host_alias, write_back, to_device and device_of only
+    for name in ("add.out", "cat", "topk"):
+        plan = kernelgen.plan_kernel(db, db.resolve(name))
+        text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x", legacy=True)
+        assert "common_device" not in text and "empty_device" not in text and "_native.h" not in text
+        assert "OptionalDeviceGuard guard(run_on);" in text
+    cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, legacy=True)
+    assert cat.setup[:2] == ["at::Tensor tensors_first = tensors.size() ? *tensors.begin() : at::Tensor();",
+                             "const c10::Device run_on = kernels::device_of(tensors_first);"]
