@@ -43,6 +43,11 @@ CPP_APIS = {
     "ATen/autocast_mode.h": ["get_autocast_dtype"],
     "ATen/native/CPUFallback.h": ["cpu_fallback"],
     "ATen/EmptyTensor.h": ["empty_generic", "empty_strided_generic"],
+    # functional kernels derive from the CPU's structured class (csrc/aten/ops/*.cpp)
+    "ATen/TensorMeta.h": ["set_output_raw_strided", "maybe_get_output"],
+    # kernel_support.cpp re-points recycled host aliases
+    "c10/core/TensorImpl.h": ["set_storage_and_dtype", "pyobj_slot"],
+    "c10/core/impl/PyObjectSlot.h": ["load_pyobj"],
     "torch/csrc/Generator.h": ["THPGenerator_initDefaultGenerator"],
 }
 
