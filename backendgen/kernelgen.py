@@ -79,9 +79,11 @@ def _functional(db: OpDB, target: Op) -> Op | None:
     if not target.cpu_structured_class:
         return None
     for op in _family(db, target):
-        if op.kind == "functional" and op.meta_args is not None and all(
-            a.cpp_type not in _LISTS for a in op.args
-        ) and (op.returns_cpp == "at::Tensor" or re.fullmatch(r"::std::tuple<at::Tensor(,at::Tensor)+>", op.returns_cpp)):
+        if op.kind != "functional" or op.meta_args is None:
+            continue
+        plain_args = all(a.cpp_type not in _LISTS for a in op.args)
+        tensors_out = op.returns_cpp == "at::Tensor" or re.fullmatch(r"::std::tuple<at::Tensor(,at::Tensor)+>", op.returns_cpp)
+        if plain_args and tensors_out:
             return op
     return None
 
@@ -138,18 +140,17 @@ def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
     if not tensors:
         return []
     if legacy:
-        first = next((a for a in op.args if a.cpp_type in _TENSOR or a.cpp_type in ("at::TensorList", "const at::ITensorListRef &")), None)
+        lists = ("at::TensorList", "const at::ITensorListRef &")
+        first = next((a for a in op.args if a.cpp_type in _TENSOR or a.cpp_type in lists), None)
         if first is None:
             return []
-        lines = [] if first.cpp_type in _TENSOR else [
-            f"at::Tensor {first.name}_first = {first.name}.size() ? *{first.name}.begin() : at::Tensor();"]
-        name = first.name if first.cpp_type in _TENSOR else f"{first.name}_first"
+        lines, name = [], first.name
+        if first.cpp_type in lists:
+            name = f"{first.name}_first"
+            lines.append(f"at::Tensor {name} = {first.name}.size() ? *{first.name}.begin() : at::Tensor();")
         return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
-    return [
-        f'const c10::Device run_on = {K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, '
-        f"{', '.join(tensors)});",
-        "c10::DeviceGuard guard(run_on);",
-    ]
+    check = f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)})'
+    return [f"const c10::Device run_on = {check};", "c10::DeviceGuard guard(run_on);"]
 
 
 def kernel_body(op: Op, *, legacy: bool = False) -> Body:

@@ -148,7 +148,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
             try:
                 sig = DispatcherSignature.from_schema(g.functional.func, symint=True)
                 args = tuple(e.expr for e in translate(list(sig.arguments()), structured.meta_arguments(g)))
-            except Exception:  # noqa: BLE001 - a signature translate cannot map: no functional kernel
+            except Exception:  # noqa: BLE001, S112 - a signature translate cannot map: no functional kernel
                 continue
         cpu_class[str(g.out.func.name)] = f"{meta.cpp_namespace}::structured_{meta.kernel}"
         meta_args[str(g.functional.func.name)] = args
