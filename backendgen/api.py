@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,11 +204,7 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
     """Write the kernel and test of one planned op and record it; return the qualified op."""
     source, test = _paths(plan)
     root = project.root
-    legacy = project.data.get("template_version") == "1"  # its kernel_support.h predates device checks
-    if legacy:
-        plan = dataclasses.replace(plan, functional=None)
-    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version,
-                                          legacy=legacy)
+    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version)
     test_text = kernelgen.render_test(plan, device=project.device, source_path=source)
     for rel, text in ((source, kernel_text), (test, test_text)):
         path = root / rel
@@ -218,7 +213,8 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
                 f"{rel} exists but backendgen.json does not record it; move it away (or record it) before adding {plan.target.qualified}"
             )
         tx.write(path, text)
-    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", kernelgen.render_harness(device=project.device))):
+    harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
+    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", harness)):
         if not (root / rel).exists():
             tx.write(root / rel, text)
     # one record per kernel in the file: the target's, and the functional's if it has its own
@@ -245,7 +241,8 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
     """Plans for the ops not yet native in `project`, and the requested ops that already are."""
     plans, unchanged, seen = [], [], set()
     for name in names:
-        plan = kernelgen.plan_kernel(db, db.resolve(name))
+        # a project from template 1 has a kernel_support.h without the helpers newer kernels use
+        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=project.data.get("template_version") == "1")
         target = plan.target.qualified
         rec = project.covering(target)
         if rec is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import Op, OpDB
@@ -30,6 +30,9 @@ class KernelPlan:
     # A structured op's functional overload, when it gets a kernel of its own in the same file
     # (one shape pass, output allocated straight from the allocator) instead of PyTorch's default.
     functional: Op | None = None
+    # For a project from template 1, whose kernel_support.h predates common_device and
+    # empty_device: kernels of that template's shape (no device checks, no functional kernel).
+    legacy: bool = False
 
     @property
     def file_stem(self) -> str:
@@ -42,7 +45,7 @@ def _family(db: OpDB, target: Op) -> list[Op]:
     return [op for op in db.all() if op.structured_delegate == target.name]
 
 
-def plan_kernel(db: OpDB, requested: Op) -> KernelPlan:
+def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
     notes = []
     target = requested
     if requested.structured_delegate:
@@ -69,7 +72,8 @@ def plan_kernel(db: OpDB, requested: Op) -> KernelPlan:
         notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
     elif not target.needs_backend_kernel and not target.structured:
         notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
-    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=_functional(db, target))
+    functional = None if legacy else _functional(db, target)
+    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=functional, legacy=legacy)
 
 
 def _functional(db: OpDB, target: Op) -> Op | None:
@@ -278,13 +282,9 @@ def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
 
-def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str, legacy: bool = False) -> str:
-    """The kernel file of `plan`. `legacy`: for a project from template 1 (no functional kernel,
-    no device checks: its kernel_support.h lacks common_device and empty_device)."""
+def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str) -> str:
     op = plan.target
-    if legacy:
-        plan = replace(plan, functional=None)
-    body = kernel_body(op, legacy=legacy)
+    body = kernel_body(op, legacy=plan.legacy)
     return _env().get_template("kernel.cpp.j2").render(
         device=device,
         torch_version=torch_version,
@@ -367,5 +367,5 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str) -> str:
     )
 
 
-def render_harness(*, device: str) -> str:
-    return _env().get_template("harness.py.j2").render(device=device)
+def render_harness(*, device: str, registration_file: str) -> str:
+    return _env().get_template("harness.py.j2").render(device=device, registration_file=registration_file)

@@ -125,8 +125,8 @@ def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
 def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(db):
     # template 1's kernel_support.h has host_alias, write_back, to_device and device_of only
     for name in ("add.out", "cat", "topk"):
-        plan = kernelgen.plan_kernel(db, db.resolve(name))
-        text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x", legacy=True)
+        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=True)
+        text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x")
         assert "common_device" not in text and "empty_device" not in text and "_native.h" not in text
         assert "OptionalDeviceGuard guard(run_on);" in text
     cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, legacy=True)
