@@ -182,13 +182,16 @@ def kernel_body(op: Op, *, legacy: bool = False) -> Body:
         elif t == "::std::optional<at::Device>":
             device_expr = f"{n}.value_or(c10::Device(c10::DeviceType::PrivateUse1))"
             call_args.append("::std::optional<at::Device>(at::kCPU)")
+        elif t == "at::Device":  # the CPU kernel runs on host aliases: it is told the CPU
+            device_expr = n
+            call_args.append("at::Device(at::kCPU)")
         elif "Tensor" in t:
             raise UserError(f"{op.qualified}: argument {n} of C++ type {t} is not supported by the generator yet")
         else:
             call_args.append(n)
     if device_expr is None:
         device_expr = "c10::Device(c10::DeviceType::PrivateUse1)"
-    to_dev = f"const c10::Device device = {device_expr};"
+    to_dev = f"const c10::Device result_device = {device_expr};"  # not `device`: an argument may be named so
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     ret_cpp = op.returns_cpp
     if ret_cpp == "void":
@@ -198,19 +201,19 @@ def kernel_body(op: Op, *, legacy: bool = False) -> Body:
     if ret_cpp.startswith("::std::tuple<") and "&" in ret_cpp:
         return Body(setup, prelude, call + ";", epilogue, f"::std::forward_as_tuple({', '.join(writes)})")
     if ret_cpp == "at::Tensor":
-        return Body(setup, prelude, f"at::Tensor result = {call};", epilogue + [to_dev], f"{K}::to_device(result, device)")
+        return Body(setup, prelude, f"at::Tensor result = {call};", epilogue + [to_dev], f"{K}::to_device(result, result_device)")
     if ret_cpp == "::std::vector<at::Tensor>":
         return Body(
             setup,
             prelude,
             f"::std::vector<at::Tensor> result = {call};",
-            epilogue + [to_dev, f"for (auto& t : result) t = {K}::to_device(t, device);"],
+            epilogue + [to_dev, f"for (auto& t : result) t = {K}::to_device(t, result_device);"],
             "result",
         )
     if ret_cpp.startswith("::std::tuple<"):
         parts = _split_tuple(ret_cpp)
         items = [
-            f"{K}::to_device(::std::get<{i}>(result), device)" if p == "at::Tensor" else f"::std::get<{i}>(result)"
+            f"{K}::to_device(::std::get<{i}>(result), result_device)" if p == "at::Tensor" else f"::std::get<{i}>(result)"
             for i, p in enumerate(parts)
         ]
         if any("Tensor" in p and p != "at::Tensor" for p in parts):
@@ -282,6 +285,16 @@ def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
 
+# Argument types that ATen/core/Tensor.h (all kernel_support.h includes) only forward-declares,
+# and the header that completes each. They drag in the IValue machinery (~3 s of a compile), so
+# only the kernels whose signature uses them include them.
+_COMPLETING_HEADERS = {"c10::List<": "ATen/core/List.h", "ITensorListRef": "ATen/core/IListRef.h"}
+
+
+def completing_headers(op: Op) -> list[str]:
+    return [header for marker, header in _COMPLETING_HEADERS.items() if marker in op.signature]
+
+
 def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str) -> str:
     op = plan.target
     body = kernel_body(op, legacy=plan.legacy)
@@ -291,6 +304,7 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         op=op,
         plan=plan,
         body=body,
+        headers=completing_headers(op),
         functional=functional_body(plan),
         namespace=_kernel_namespace(op),
         source_path=source_path,

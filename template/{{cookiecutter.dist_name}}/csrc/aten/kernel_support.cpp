@@ -7,6 +7,7 @@
 #include "aten/kernel_support.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/List.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty_ops.h>
 #include <ATen/ops/empty_strided_ops.h>

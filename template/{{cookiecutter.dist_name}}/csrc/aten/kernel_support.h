@@ -7,10 +7,13 @@
 // `empty_device` are what any backend's kernels need: argument checks and output allocation.
 #pragma once
 
+// Every kernel file includes this header, so it stays narrow: <ATen/core/List.h> (the IValue
+// machinery, ~3 s of every compile) is only forward-declared here, through ATen_fwd.h; kernels of
+// operators with a Tensor?[] argument include it themselves.
 #include <ATen/core/ATen_fwd.h>
-#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
 
 #include <optional>
