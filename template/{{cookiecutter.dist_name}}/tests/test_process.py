@@ -1,4 +1,5 @@
-"""Process-level behaviour: clean interpreter exit, and fork without re-initialisation."""
+"""Process-level behaviour: clean interpreter exit, fork without re-initialisation, and a process
+where another backend holds PrivateUse1."""
 
 import pytest
 
@@ -52,3 +53,27 @@ print(os.waitstatus_to_exitcode(status))
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
+
+
+
+def test_another_backend_holding_private_use1_is_refused_without_an_abort():
+    # another backend got PrivateUse1 first: loading this one must not abort the process
+    code = """
+import os, warnings
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+import torch
+torch.utils.rename_privateuse1_backend("otherdev")
+try:
+    import {{ cookiecutter.package }}
+except ImportError as e:
+    print("refused:", "otherdev" in str(e))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import {{ cookiecutter.package }}_autoload
+    {{ cookiecutter.package }}_autoload.load()
+print("warned:", any("failed to load" in str(w.message) for w in caught))
+print(torch.ones(2).sum().item())
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["refused:", "True", "warned:", "True", "2.0"], out.stdout

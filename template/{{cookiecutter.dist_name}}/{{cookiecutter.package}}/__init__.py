@@ -9,11 +9,27 @@ of this through the `torch.backends` entry point ({{ cookiecutter.package }}_aut
 
 import torch
 
-from {{ cookiecutter.package }} import _C  # noqa: F401  (loads and registers the C++ runtime)
-from {{ cookiecutter.package }} import _exit
-from {{ cookiecutter.package }} import device_module as _device_module
-
 DEVICE = "{{ cookiecutter.device }}"
+
+
+def _check_private_use1_is_free() -> None:
+    """PrivateUse1 holds one backend per process, and a second library registering its kernels
+    there aborts the process while it loads. Refuse before loading ours, with a reason."""
+    taken = torch._C._get_privateuse1_backend_name()
+    if taken == "privateuseone" and torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
+        taken = "an unnamed backend"
+    if taken not in ("privateuseone", DEVICE):
+        raise ImportError(
+            f"cannot load {{ cookiecutter.package }}: PrivateUse1 already belongs to {taken!r} in this process "
+            "(one PrivateUse1 backend per process; uninstall the other one or turn its autoload off)"
+        )
+
+
+_check_private_use1_is_free()
+
+from {{ cookiecutter.package }} import _C  # noqa: E402, F401  (loads and registers the C++ runtime)
+from {{ cookiecutter.package }} import _exit  # noqa: E402
+from {{ cookiecutter.package }} import device_module as _device_module  # noqa: E402
 
 
 def _register() -> None:
