@@ -10,7 +10,8 @@ Five areas, one finding per line:
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
 
-Everything that needs torch runs in ONE subprocess, which costs about one `import torch`.
+Everything that needs torch runs in ONE subprocess, which costs about one `import torch`; it is
+started first, and the operator database loads while it runs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
-from backendgen.opdb import OpDB, load_opdb
+from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.project import REGISTRATION_FILE, Project
 
 SEVERITIES = ("ok", "info", "warning", "error")
@@ -174,7 +175,8 @@ class CheckReport:
         }
 
 
-def _probe(project: Project, schemas: dict[str, str]) -> tuple[dict, str, int]:
+def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
+    """Start the subprocess that needs torch (about one `import torch`); `_probe_results` collects it."""
     req = {
         "package": project.package,
         "py_apis": PY_APIS,
@@ -184,17 +186,25 @@ def _probe(project: Project, schemas: dict[str, str]) -> tuple[dict, str, int]:
     env = dict(os.environ)
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     env["PYTHONPATH"] = os.pathsep.join([str(project.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-c", _PROBE, json.dumps(req)],
-        cwd=project.root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+        cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
     )
+
+
+def _probe_results(proc: subprocess.Popen) -> tuple[dict, str, int]:
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
     results: dict = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         try:
             results.update(json.loads(line))
         except ValueError:
             continue
-    return results, proc.stderr, proc.returncode
+    return results, stderr, proc.returncode
 
 
 def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
@@ -372,11 +382,18 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
 
 
 def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
-    db = opdb or load_opdb()
+    info = opdb.info if opdb is not None else torch_info()
     report = CheckReport(project=str(project.root), strict=strict)
-    drift = project.yaml_sha256 != db.yaml_sha256
+    drift = project.yaml_sha256 != info.yaml_sha256
     schemas = {rec.op: rec.schema for rec in project.ops} if drift else {}
-    probed, stderr, returncode = _probe(project, schemas)
+    probe = _start_probe(project, schemas)
+    try:
+        db = opdb or load_opdb(info)  # while the probe imports torch
+    except BaseException:
+        probe.kill()
+        probe.wait()
+        raise
+    probed, stderr, returncode = _probe_results(probe)
     _check_versions(report, project, db)
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
     _check_apis(report, db, probed)
