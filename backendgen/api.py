@@ -2,6 +2,7 @@
 
     new_backend("mychip", Path("torch-mychip"))      # render, build, test
     add_ops(["aten::mul.Tensor"], Path("torch-mychip"))
+    build_backend(Path("torch-mychip"))               # rebuild after an edit
     list_ops("mul*", Path("torch-mychip"))
     check(Path("torch-mychip"))
 """
@@ -70,7 +71,7 @@ def new_backend(
         if build_it:
             build.check_toolchain()
             build.check_installable()
-            _check_no_other_backend(names)
+            _check_no_other_backend(names.dist_name)
         db = load_opdb(info)
     with rep.step("render"):
         manifest = render.template_manifest()
@@ -147,13 +148,13 @@ def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
         )
 
 
-def _check_no_other_backend(names: naming.Names) -> None:
+def _check_no_other_backend(dist_name: str) -> None:
     """Only one PrivateUse1 backend can load per process; another autoloading one breaks the new one's tests."""
     import importlib.metadata
 
     for ep in importlib.metadata.entry_points(group="torch.backends"):
         dist = ep.dist.name if ep.dist is not None else ep.value
-        if dist.replace("_", "-") != names.dist_name:
+        if dist.replace("_", "-") != dist_name:
             raise EnvironmentProblem(
                 f"another PrivateUse1 backend ({dist}) is installed and loads with every `import torch`; "
                 f"only one can load per process: pip uninstall {dist}, or use --no-build"
@@ -306,14 +307,22 @@ def add_ops(
                 tx.write(project.metadata_path, project_metadata_text(project))
                 result.files = [p for p in tx.written if p.exists() and p != so]
             if build_it:
-                with rep.step("build"):
-                    build.build(project.root, project.package, project.data["dist_name"])
-                result.built = True
-                if test_it and plans:
-                    with rep.step("test"):
-                        tests = [p for p in (_paths(plan)[1] for plan in plans)]
-                        build.run_tests(project.root, tests, name="add-op-test")
-                    result.tested = True
+                tests = [_paths(plan)[1] for plan in plans] if test_it else []
+                # the tests' process imports torch and the OpInfo database while the kernels compile
+                # (only into an installed project: a first install is not visible to a running process)
+                early = tests and build.installed_from(project.root, project.data["dist_name"])
+                with (build.tests_started_early(project.root, tests, name="add-op-test") if early
+                      else contextlib.nullcontext()) as run_early:
+                    with rep.step("build"):
+                        build.build(project.root, project.package, project.data["dist_name"])
+                    result.built = True
+                    if tests:
+                        with rep.step("test"):
+                            if run_early is not None:
+                                run_early()
+                            else:
+                                build.run_tests(project.root, tests, name="add-op-test")
+                        result.tested = True
         except BaseException as exc:
             if keep_on_failure and not isinstance(exc, KeyboardInterrupt):
                 if hasattr(exc, "hint"):
@@ -372,6 +381,35 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
         rows.append(OpStatus(op.qualified, status, "core" in op.tags, op.qualified_schema))
     rows.sort(key=lambda r: (not r.core, r.name))
     return rows
+
+
+# --- build -------------------------------------------------------------------------------------
+
+@dataclass
+class BuildResult:
+    root: Path
+    log: Path
+    how: str  # build.FAST (only ninja and the link ran), build.SETUP_PY or build.PIP
+    why_full: str | None = None  # why setup.py (or pip) had to run
+    tested: bool = False
+
+
+def build_backend(project_dir: Path | None = None, *, test_it: bool = False, full: bool = False,
+                  reporter: Reporter | None = None) -> BuildResult:
+    """Rebuild a project after its sources changed; `full` always goes through setup.py."""
+    rep = reporter or Reporter()
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    if test_it or not build.installed_from(project.root, project.data["dist_name"]):
+        _check_no_other_backend(project.data["dist_name"])  # its tests, or the install, would break
+    with project.lock():
+        with rep.step("build"):
+            outcome = build.build_project(project.root, project.package, project.data["dist_name"], allow_fast=not full)
+        result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)
+        if test_it:
+            with rep.step("test"):
+                build.run_tests(project.root)
+            result.tested = True
+    return result
 
 
 # --- check -------------------------------------------------------------------------------------

@@ -4,15 +4,29 @@ The first build is `pip install --no-build-isolation --no-deps -e .` (a build-is
 fetch another torch); later builds run `setup.py build_ext --inplace`, which lets ninja recompile
 only what changed. Compilers go through ccache when it is installed. Output goes to a log file
 under `build/`; a failure is reported with its first compiler error and the log's path.
+
+The fast path: `setup.py` imports torch (2-4 s) to find torch's paths and write build.ninja, and
+both stay the same from one build to the next. After each `setup.py build_ext` this module keeps a
+record (`build/backendgen-build-record.json`: ninja's directory, the link command read back from
+the log, the inputs that shaped them); the next build runs ninja and, if an object changed, that
+link command, without torch. A source file added or removed (add-op) keeps the fast path when
+`setup.py unity` (which imports no torch) rewrites the unity files and ninja's build file still
+compiles exactly what it lists. Any other difference (setup.py, pyproject.toml, build.ninja,
+torch, the Python, the compiler variables, the project's place) sends the build through setup.py,
+which writes a new record.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
@@ -124,20 +138,216 @@ def extension_path(root: Path, package: str) -> Path | None:
     return found[0] if found else None
 
 
+FAST, SETUP_PY, PIP = "ninja and the link only", "setup.py build_ext --inplace", "pip install -e"
+
+
+@dataclass
+class BuildOutcome:
+    log: Path
+    how: str  # FAST, SETUP_PY or PIP
+    why_full: str | None = None  # why the fast path could not be taken
+
+
 def build(root: Path, package: str, dist_name: str, *, incremental: bool = True) -> Path:
     """Build the project's extension in place; return the log path."""
+    return build_project(root, package, dist_name, incremental=incremental).log
+
+
+def build_project(root: Path, package: str, dist_name: str, *, incremental: bool = True,
+                  allow_fast: bool = True) -> BuildOutcome:
+    """Build the project's extension in place: the fast path when the record allows it, else
+    `setup.py build_ext --inplace` (or pip for a first build or `incremental=False`)."""
     check_toolchain()
     log = root / LOG_DIR / "backendgen-build.log"
-    if incremental and extension_path(root, package) is not None and installed_from(root, dist_name):
-        cmd = [sys.executable, "setup.py", "build_ext", "--inplace"]
+    env = _env()
+    installed = extension_path(root, package) is not None and installed_from(root, dist_name)
+    why = ("not built and installed from here yet" if not installed
+           else "full build requested" if not (incremental and allow_fast) else None)
+    if why is None:
+        record = BuildRecord.load(root)
+        why = "no record of an earlier setup.py build" if record is None else record.stale_because(root, env)
+        if why == SOURCES_CHANGED and record.units_still_match(root, env):
+            why = None  # e.g. add-op: a new kernel joins an existing unity file, which ninja recompiles
+        if why is None:
+            record.run(root, package, log, env)
+            return BuildOutcome(log, FAST)
+    BuildRecord.forget(root)
+    if incremental and installed:
+        csrc = _csrc_files(root)
+        proc = _run([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
+        _raise_if_failed(proc, log)
+        BuildRecord.from_log(root, log, csrc, env)
+        return BuildOutcome(log, SETUP_PY, why)
     else:
         check_installable()
-        cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(root)]
-    proc = _run(cmd, root, log, _env())
+        proc = _run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(root)],
+                    root, log, env)
+        _raise_if_failed(proc, log)
+        return BuildOutcome(log, PIP, why)
+
+
+def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
         raise BuildError("build failed", log=log, first_error=first_error(text))
-    return log
+
+
+RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
+RECORD_FORMAT = 1
+SOURCES_CHANGED = "a source file was added or removed"
+# compiler settings setuptools and torch read from the environment: a change means a new build.ninja
+_BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS",
+              "BACKENDGEN_NO_CCACHE", "TORCH_NO_COMPILER_WRAPPER")
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _csrc_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in (root / "csrc").rglob("*.cpp"))
+
+
+def _build_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k in _BUILD_ENV or k.endswith("_UNITY_BUILD")}
+
+
+def _torch_install() -> dict[str, str | None]:
+    """The installed torch's version and directory, read without importing it."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        version = importlib.metadata.version("torch")
+        spec = importlib.util.find_spec("torch")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return {"version": None, "dir": None}
+    return {"version": version, "dir": str(Path(spec.origin).parent) if spec and spec.origin else None}
+
+
+def _link_command(log_text: str) -> list[str] | None:
+    """The linker command setuptools printed (`subprocess.list2cmdline`). Only a line without
+    quotes or backslashes splits back into exactly the arguments that ran."""
+    for line in log_text.splitlines():
+        args = line.split()
+        if "-shared" in args and "-o" in args and not any(c in line for c in "\"'\\"):
+            out = args[args.index("-o") + 1] if args.index("-o") + 1 < len(args) else ""
+            if out.endswith(".so"):
+                return args
+    return None
+
+
+@dataclass
+class BuildRecord:
+    """What the last `setup.py build_ext` compiled and how it linked (see the module docstring)."""
+
+    data: dict
+
+    @classmethod
+    def load(cls, root: Path) -> BuildRecord | None:
+        try:
+            data = json.loads((root / RECORD).read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(data) if isinstance(data, dict) and data.get("format") == RECORD_FORMAT else None
+
+    @staticmethod
+    def forget(root: Path) -> None:
+        (root / RECORD).unlink(missing_ok=True)
+
+    @classmethod
+    def from_log(cls, root: Path, log: Path, csrc: list[str], env: dict[str, str]) -> BuildRecord | None:
+        """Record a successful `setup.py build_ext --inplace` whose link command is in `log`."""
+        link = _link_command(log.read_text(errors="replace"))
+        ninja_files = sorted((root / LOG_DIR).glob("temp.*/build.ninja"))
+        if link is None or len(ninja_files) != 1:
+            return None  # the next build takes setup.py again
+        ninja_dir = ninja_files[0].parent
+        record = cls({
+            "format": RECORD_FORMAT,
+            "root": str(root.resolve()),
+            "python": sys.executable,
+            "torch": _torch_install(),
+            "env": _build_env(env),
+            "csrc": csrc,
+            "inputs": {name: _sha256(root / name) for name in ("setup.py", "pyproject.toml")},
+            "ninja_dir": str(ninja_dir.relative_to(root)),
+            "build_ninja": _sha256(ninja_files[0]),
+            "link": link,
+        })
+        (root / RECORD).write_text(json.dumps(record.data, indent=1) + "\n")
+        return record
+
+    @property
+    def library(self) -> str:
+        link = self.data["link"]
+        return link[link.index("-o") + 1]
+
+    def stale_because(self, root: Path, env: dict[str, str]) -> str | None:
+        """Why this record no longer describes the build (None: the fast path is exact)."""
+        d = self.data
+        checks = [
+            (d.get("root") == str(root.resolve()), "the project moved"),
+            (d.get("python") == sys.executable, "another Python"),
+            (d.get("torch") == _torch_install(), "torch changed"),
+            (d.get("env") == _build_env(env), "compiler settings in the environment changed"),
+            (all(_sha256(root / n) == h for n, h in d.get("inputs", {}).items()), "setup.py or pyproject.toml changed"),
+            (_sha256(root / d.get("ninja_dir", "?") / "build.ninja") == d.get("build_ninja"), "build.ninja changed"),
+            (d.get("csrc") == _csrc_files(root), SOURCES_CHANGED),  # last: units_still_match relies on it
+        ]
+        return next((why for ok, why in checks if not ok), None)
+
+    def units_still_match(self, root: Path, env: dict[str, str]) -> bool:
+        """After a source file was added or removed: let setup.py rewrite its unity files (its
+        `unity` command imports no torch) and say whether ninja's build file compiles exactly the
+        sources it lists now. If so the record is brought up to date and the fast path holds."""
+        proc = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, env=env, capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, check=False)
+        listed = [ln.removeprefix("sources: ") for ln in proc.stdout.splitlines() if ln.startswith("sources: ")]
+        if proc.returncode != 0 or len(listed) != 1:
+            return False  # e.g. a project from an older template, whose setup.py has no `unity` command
+        try:
+            wanted = {str((root / s).resolve()) for s in json.loads(listed[0])}
+        except ValueError:
+            return False
+        ninja = root / self.data["ninja_dir"] / "build.ninja"
+        compiled = {str(Path(m.group(1)).resolve())
+                    for m in re.finditer(r"^build \S+: compile (\S+)$", ninja.read_text(), re.MULTILINE)}
+        if compiled != wanted:
+            return False
+        self.data["csrc"] = _csrc_files(root)
+        (root / RECORD).write_text(json.dumps(self.data, indent=1) + "\n")
+        return True
+
+    def run(self, root: Path, package: str, log: Path, env: dict[str, str]) -> None:
+        """ninja in the recorded directory, the recorded link if an object is newer than the
+        library, then the library copied into the package (replaced, never rewritten in place:
+        a running process may have it mapped)."""
+        ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
+        jobs = env.get("MAX_JOBS") or str(os.cpu_count() or 2)
+        proc = _run([ninja, "-C", str(root / self.data["ninja_dir"]), "-j", jobs], root, log, env)
+        _raise_if_failed(proc, log)
+        library = root / self.library
+        objects = [root / a for a in self.data["link"] if a.endswith(".o")]
+        newest = max((o.stat().st_mtime_ns for o in objects), default=0)
+        if not library.exists() or library.stat().st_mtime_ns < newest:
+            library.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a") as fh:
+                fh.write("$ " + " ".join(self.data["link"]) + "\n")
+                fh.flush()
+                proc = subprocess.run(self.data["link"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, check=False)
+            _raise_if_failed(proc, log)
+        target = root / package / library.name
+        here = target.stat() if target.exists() else None
+        built = library.stat()
+        if here is None or (here.st_size, here.st_mtime_ns) != (built.st_size, built.st_mtime_ns):
+            tmp = target.with_name(f".{target.name}.tmp")
+            shutil.copy2(library, tmp)
+            os.replace(tmp, target)
 
 
 def installed_from(root: Path, dist_name: str) -> bool:
@@ -158,20 +368,86 @@ def installed_from(root: Path, dist_name: str) -> bool:
 
 
 _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
+_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfE"]
+
+
+def _test_env() -> dict[str, str]:
+    env = _env()
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the tests use the backend as a user would
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def _raise_if_tests_failed(returncode: int, log: Path) -> None:
+    if returncode == 0:
+        return
+    text = log.read_text(errors="replace")
+    failed = [m.group(2) for m in map(_FAILED.match, text.splitlines()) if m]
+    if returncode == 5:
+        raise TestFailure("no tests were collected", log=log)
+    raise TestFailure("tests failed", failed=failed, log=log)
 
 
 def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test") -> Path:
     """Run the project's pytest suite (or `paths` in it); raise TestFailure naming failed tests."""
     log = root / LOG_DIR / f"backendgen-{name}.log"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *(paths or ["tests"])]
-    env = _env()
-    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the tests use the backend as a user would
-    env.pop("PYTEST_ADDOPTS", None)
-    proc = _run(cmd, root, log, env)
-    if proc.returncode != 0:
-        text = log.read_text(errors="replace")
-        failed = [m.group(2) for m in map(_FAILED.match, text.splitlines()) if m]
-        if proc.returncode == 5:
-            raise TestFailure("no tests were collected", log=log)
-        raise TestFailure("tests failed", failed=failed, log=log)
+    proc = _run([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *(paths or ["tests"])], root, log, _test_env())
+    _raise_if_tests_failed(proc.returncode, log)
     return log
+
+
+# Imports torch and the modules named on its command line with autoload off (the backend's
+# library is still being built), then waits; on "go" it restores the tests' environment and runs
+# pytest in the same process, which imports the backend then: the freshly built library.
+_WARM_RUNNER = r"""
+import importlib, json, os, sys
+args, preload, restore_env = json.loads(sys.argv[1])
+os.nice(10)  # the compiler comes first
+import torch
+for name in preload:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass  # the test that needs it imports it again and reports the error
+if sys.stdin.readline().strip() != "go":
+    sys.exit(0)
+os.environ.clear()
+os.environ.update(restore_env)
+import pytest
+sys.exit(pytest.main(args))
+"""
+
+
+@contextmanager
+def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
+                        preload: tuple[str, ...] = ("torch.testing._internal.common_methods_invocations",)):
+    """Start a pytest process for `paths` now and yield a function that runs it; meant to be
+    entered before a build. The process spends the build importing torch and `preload` (the
+    generated operator tests' OpInfo database: ~5 s of their run), at a lower priority than the
+    compiler; the tests themselves start when the function is called, after the build succeeded.
+    Leaving the block without calling it (a failed build, Ctrl-C) stops the process."""
+    log = root / LOG_DIR / f"backendgen-{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = _test_env()
+    cmd = [sys.executable, "-c", _WARM_RUNNER, json.dumps([[*_PYTEST_ARGS, *paths], list(preload), env])]
+    with open(log, "w") as fh:
+        fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, cwd=root, env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), stdin=subprocess.PIPE,
+                                stdout=fh, stderr=subprocess.STDOUT, text=True)
+
+    def run() -> Path:
+        try:
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died while importing; its log says why
+        _raise_if_tests_failed(proc.wait(), log)
+        return log
+
+    try:
+        yield run
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

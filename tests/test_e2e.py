@@ -51,8 +51,31 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert "aten::abs.out" in res.added
     assert "aten::mul.Tensor" in res.unchanged and "aten::add_.Tensor" in res.unchanged  # `new` added them
 
-    # a hand edit survives adding other operators
+    # the edit loop: pip built this copy in a temporary directory, so the first rebuild goes through
+    # setup.py; after that an edited kernel is rebuilt by ninja and the link alone, and runs as edited
+    out = run_cli("build", "--project", str(root))
+    assert out.returncode == 0 and "setup.py build_ext --inplace: no record of an earlier setup.py build" in out.stdout, out.stdout + out.stderr
     kernel = root / "csrc/aten/ops/abs.cpp"
+    original = kernel.read_text()
+    kernel.write_text(original.replace("  // ---- end of device computation",
+                                       '  TORCH_CHECK(false, "edited by hand");\n  // ---- end of device computation', 1))
+    out = run_cli("build", "--project", str(root))
+    assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
+    device = _meta(root)["device"]
+    code = f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())"
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert ran.returncode != 0 and "edited by hand" in ran.stderr, ran.stdout + ran.stderr
+    kernel.write_text(original + "\nthis is not C++;\n")
+    out = run_cli("build", "--project", str(root))
+    assert out.returncode == 1 and "abs.cpp" in out.stderr and "error" in out.stderr, out.stdout + out.stderr
+    kernel.write_text(original)
+    out = run_cli("build", "--project", str(root))
+    assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert ran.returncode == 0 and ran.stdout.strip() == "[1.0, 2.0]", ran.stdout + ran.stderr
+
+    # a hand edit survives adding other operators
     kernel.write_text(kernel.read_text().replace("// ---- end of device computation", "// tuned by hand\n  // ---- end of device computation"))
     edited = kernel.read_text()
 

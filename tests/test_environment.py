@@ -103,6 +103,15 @@ def test_another_installed_backend_is_reported_before_anything_is_written(built_
     assert not dest.exists()
 
 
+def test_building_a_second_backend_is_refused_while_another_is_installed(built_project, rendered_project, tmp_path):
+    """`backendgen build` of a project never installed would install a second PrivateUse1 backend."""
+    root = tmp_path / "second"
+    shutil.copytree(rendered_project, root)
+    with pytest.raises(EnvironmentProblem, match="another PrivateUse1 backend .* is installed"):
+        api.build_backend(root)
+    assert not list(root.glob("*/_C*.so")) and not (root / "build" / "backendgen-build.log").exists()
+
+
 @pytest.fixture
 def read_only_python(tmp_path):
     """A virtualenv whose site-packages cannot be written, seeing this environment's packages.

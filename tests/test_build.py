@@ -1,0 +1,130 @@
+"""The fast rebuild (backendgen.build.BuildRecord): when ninja and the link alone are exact, and
+every change that sends a build back through setup.py. The end-to-end edit loop on a real build is
+in test_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from backendgen import build
+
+LINK_LINE = ("g++ -shared /p/build/temp.linux-x86_64-cpython-311/build/unity/aten.o -L/t/lib -lc10 "
+             "-o build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so -Wl,-s")
+
+
+def test_the_link_command_is_read_back_from_the_build_log():
+    log = f"running build_ext\n[1/1] c++ -c x.cpp -o x.o\n{LINK_LINE}\ncopying build/lib... -> pkg\n"
+    assert build._link_command(log) == LINK_LINE.split()
+
+
+@pytest.mark.parametrize("line", [LINK_LINE.replace("/p/", '"/p q/'), LINK_LINE.replace("-o build/lib", "-o build\\lib"),
+                                  LINK_LINE.replace(".so", ".o")])
+def test_a_link_line_that_may_not_split_back_exactly_is_not_recorded(line):
+    assert build._link_command(line) is None
+
+
+@pytest.fixture
+def recorded(rendered_project, tmp_path):
+    """A rendered project with a build record that matches it as it is now."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    ninja = root / "build" / "temp.linux-x86_64-cpython-311" / "build.ninja"
+    ninja.parent.mkdir(parents=True)
+    ninja.write_text("rule compile\n")
+    log = root / "build" / "backendgen-build.log"
+    log.write_text(LINK_LINE + "\n")
+    env = build._env()
+    record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
+    assert record is not None and record.stale_because(root, env) is None
+    return root, env
+
+
+def test_an_edited_source_keeps_the_fast_path(recorded):
+    root, env = recorded
+    kernel = root / "csrc" / "aten" / "ops" / "mul.cpp"
+    kernel.write_text(kernel.read_text() + "\n// tuned\n")
+    (root / "csrc" / "aten" / "kernel_support.h").write_text("// a header edit is ninja's business\n")
+    assert build.BuildRecord.load(root).stale_because(root, env) is None
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda root, env: (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n"), "a source file was added or removed"),
+    (lambda root, env: (root / "csrc" / "aten" / "ops" / "mul.cpp").unlink(), "a source file was added or removed"),
+    (lambda root, env: (root / "setup.py").write_text((root / "setup.py").read_text() + "\n# edited\n"), "setup.py or pyproject.toml changed"),
+    (lambda root, env: (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + "\n"), "setup.py or pyproject.toml changed"),
+    (lambda root, env: env.update(CXX="clang++"), "compiler settings in the environment changed"),
+    (lambda root, env: env.update(MYCHIP_UNITY_BUILD="0"), "compiler settings in the environment changed"),
+    (lambda root, env: next(root.glob("build/temp.*/build.ninja")).write_text("rule other\n"), "build.ninja changed"),
+])
+def test_a_change_to_what_shapes_the_build_sends_it_through_setup_py(recorded, change, why):
+    root, env = recorded
+    env = dict(env)
+    change(root, env)
+    assert build.BuildRecord.load(root).stale_because(root, env) == why
+
+
+def test_another_torch_or_a_moved_project_sends_it_through_setup_py(recorded, monkeypatch, tmp_path):
+    root, env = recorded
+    monkeypatch.setattr(build, "_torch_install", lambda: {"version": "2.14.1", "dir": "/elsewhere/torch"})
+    assert build.BuildRecord.load(root).stale_because(root, env) == "torch changed"
+    monkeypatch.undo()
+    moved = tmp_path / "moved"
+    shutil.move(root, moved)
+    assert build.BuildRecord.load(moved).stale_because(moved, env) == "the project moved"
+
+
+def test_a_record_from_another_format_is_ignored(recorded):
+    root, _ = recorded
+    path = root / build.RECORD
+    path.write_text(path.read_text().replace('"format": 1', '"format": 99'))
+    assert build.BuildRecord.load(root) is None
+    path.write_text("{ not json")
+    assert build.BuildRecord.load(root) is None
+
+
+@pytest.fixture
+def with_units(recorded):
+    """`recorded`, with a build.ninja that compiles the unity files setup.py lists (as a real one does)."""
+    root, env = recorded
+    out = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, capture_output=True, text=True, check=True)
+    sources = json.loads(out.stdout.split("sources: ", 1)[1])
+    ninja = next(root.glob("build/temp.*/build.ninja"))
+    ninja.write_text("".join(f"build {ninja.parent}/{s}.o: compile {root / s}\n" for s in sources))
+    record = build.BuildRecord.from_log(root, root / "build" / "backendgen-build.log", build._csrc_files(root), env)
+    return root, env, record
+
+
+def test_a_new_kernel_file_joins_its_unity_file_without_setup_py(with_units):
+    root, env, record = with_units
+    (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// a kernel add-op wrote\n")
+    assert record.stale_because(root, env) == build.SOURCES_CHANGED
+    assert record.units_still_match(root, env)
+    assert "csrc/aten/ops/extra.cpp" in (root / "build" / "unity" / "ops.cpp").read_text()
+    assert build.BuildRecord.load(root).stale_because(root, env) is None  # the record now lists it
+
+
+def test_sources_that_need_a_new_build_ninja_go_through_setup_py(with_units):
+    root, env, record = with_units
+    for path in (root / "csrc" / "python").glob("*.cpp"):  # a whole unit disappears
+        path.unlink()
+    assert not record.units_still_match(root, env)
+    assert not (root / "build" / "unity" / "python.cpp").exists()  # never compiled stale
+    assert build.BuildRecord.load(root).stale_because(root, env) == build.SOURCES_CHANGED
+    # one file per translation unit: every new file is a new ninja target
+    (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n")
+    device = json.loads((root / "backendgen.json").read_text())["DEVICE"]
+    unity_off = dict(env, **{f"{device}_UNITY_BUILD": "0"})
+    assert not record.units_still_match(root, unity_off)
+
+
+def test_a_setup_py_without_the_unity_command_goes_through_setup_py(with_units):
+    root, env, record = with_units
+    setup_py = root / "setup.py"
+    setup_py.write_text(setup_py.read_text().replace('cmdclass={"unity": WriteUnits},', ""))
+    (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n")
+    assert not record.units_still_match(root, env)
