@@ -346,8 +346,11 @@ class BuildRecord:
         built = library.stat()
         if here is None or (here.st_size, here.st_mtime_ns) != (built.st_size, built.st_mtime_ns):
             tmp = target.with_name(f".{target.name}.tmp")
-            shutil.copy2(library, tmp)
-            os.replace(tmp, target)
+            try:
+                shutil.copy2(library, tmp)
+                os.replace(tmp, target)
+            finally:
+                tmp.unlink(missing_ok=True)
 
 
 def installed_from(root: Path, dist_name: str) -> bool:
@@ -397,11 +400,11 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test")
 
 
 # Imports torch and the modules named on its command line with autoload off (the backend's
-# library is still being built), then waits; on "go" it restores the tests' environment and runs
-# pytest in the same process, which imports the backend then: the freshly built library.
+# library is still being built), then waits; on "go" it gives the tests the autoload setting they
+# run with and runs pytest in the same process, which imports the backend then: the new library.
 _WARM_RUNNER = r"""
 import importlib, json, os, sys
-args, preload, restore_env = json.loads(sys.argv[1])
+args, preload, autoload = json.loads(sys.argv[1])
 os.nice(10)  # the compiler comes first
 import torch
 for name in preload:
@@ -411,8 +414,10 @@ for name in preload:
         pass  # the test that needs it imports it again and reports the error
 if sys.stdin.readline().strip() != "go":
     sys.exit(0)
-os.environ.clear()
-os.environ.update(restore_env)
+if autoload is None:
+    os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+else:
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = autoload
 import pytest
 sys.exit(pytest.main(args))
 """
@@ -429,7 +434,8 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     log = root / LOG_DIR / f"backendgen-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = _test_env()
-    cmd = [sys.executable, "-c", _WARM_RUNNER, json.dumps([[*_PYTEST_ARGS, *paths], list(preload), env])]
+    autoload = env.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    cmd = [sys.executable, "-c", _WARM_RUNNER, json.dumps([[*_PYTEST_ARGS, *paths], list(preload), autoload])]
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
