@@ -55,7 +55,6 @@ print(os.waitstatus_to_exitcode(status))
     assert out.stdout.strip() == "0"
 
 
-
 def test_another_backend_holding_private_use1_is_refused_without_an_abort():
     # another backend got PrivateUse1 first: loading this one must not abort the process
     code = """

@@ -7,6 +7,8 @@ fallback — all registered when the library loads), names the PrivateUse1 backe
 of this through the `torch.backends` entry point ({{ cookiecutter.package }}_autoload.py).
 """
 
+import sys
+
 import torch
 
 DEVICE = "{{ cookiecutter.device }}"
@@ -16,7 +18,9 @@ def _check_private_use1_is_free() -> None:
     """PrivateUse1 holds one backend per process, and a second library registering its kernels
     there aborts the process while it loads. Refuse before loading ours, with a reason."""
     taken = torch._C._get_privateuse1_backend_name()
-    if taken == "privateuseone" and torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1"):
+    ours_loaded = f"{__name__}._C" in sys.modules  # an earlier, failed import of this package
+    registered = torch._C._dispatch_has_kernel_for_dispatch_key("aten::empty.memory_format", "PrivateUse1")
+    if taken == "privateuseone" and registered and not ours_loaded:
         taken = "an unnamed backend"
     if taken not in ("privateuseone", DEVICE):
         raise ImportError(

@@ -7,9 +7,10 @@
 // `empty_device` are what any backend's kernels need: argument checks and output allocation.
 #pragma once
 
-// Every kernel file includes this header, so it stays narrow: <ATen/core/List.h> (the IValue
-// machinery, ~3 s of every compile) is only forward-declared here, through ATen_fwd.h; kernels of
-// operators with a Tensor?[] argument include it themselves.
+// Every kernel file includes this header, so it stays narrow: c10::List and c10::IListRef (their
+// headers pull in the IValue machinery, ~3 s of every compile) are only forward-declared here,
+// through ATen_fwd.h; kernels with a Tensor?[] or Tensor[] argument include <ATen/core/List.h> or
+// <ATen/core/IListRef.h> themselves.
 #include <ATen/core/ATen_fwd.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
