@@ -356,7 +356,6 @@ class BuildRecord:
 def installed_from(root: Path, dist_name: str) -> bool:
     """Whether an editable install of the project at `root` is what this Python imports."""
     import importlib.metadata
-    import json
     from urllib.parse import unquote, urlparse
 
     try:
