@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
-from backendgen.opdb import OpDB, load_opdb, torch_info
+from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 
 SEVERITIES = ("ok", "info", "warning", "error")
@@ -382,18 +382,17 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
 
 
 def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
-    info = opdb.info if opdb is not None else torch_info()
-    report = CheckReport(project=str(project.root), strict=strict)
-    drift = project.yaml_sha256 != info.yaml_sha256
-    schemas = {rec.op: rec.schema for rec in project.ops} if drift else {}
-    probe = _start_probe(project, schemas)
+    # The probe (one `import torch`) is most of a check: it starts first, with every recorded schema
+    # (the live ones are looked up only for those; cheap), and torch's files are read meanwhile.
+    probe = _start_probe(project, {rec.op: rec.schema for rec in project.ops})
     try:
-        db = opdb or load_opdb(info)  # while the probe imports torch
+        db = opdb or load_opdb()
     except BaseException:
         probe.kill()
         probe.wait()
         raise
     probed, stderr, returncode = _probe_results(probe)
+    report = CheckReport(project=str(project.root), strict=strict)
     _check_versions(report, project, db)
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
     _check_apis(report, db, probed)

@@ -204,6 +204,11 @@ def check(
 
     from backendgen import api
 
+    if not json_out:  # the report's table module loads while the check waits for its torch probe
+        import importlib
+        import threading
+
+        threading.Thread(target=importlib.import_module, args=("rich.table",), daemon=True).start()
     report = api.check(project, strict=strict, list_ops=ops)
     if json_out:
         typer.echo(json.dumps(report.to_json(), indent=2))
