@@ -7,7 +7,6 @@
 #include "runtime/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/core/Tensor.h>
 
 #include <mutex>
 #include <vector>
@@ -53,16 +52,18 @@ at::Generator new_generator(c10::DeviceIndex index) {
   return at::make_generator<DeviceGenerator>(index);
 }
 
+// The state moves through GeneratorImpl (a TensorImpl), not at::Generator (an at::Tensor): the runtime
+// files stay clear of ATen/core/Tensor.h (about a second more of compiling for the runtime unit).
 HostGeneratorScope::HostGeneratorScope(const std::optional<at::Generator>& gen, c10::Device device)
     : device_(gen.has_value() && gen->defined() ? *gen : default_generator(device.index())),
       host_(at::make_generator<at::CPUGeneratorImpl>()) {
   std::lock_guard<std::mutex> lock(device_.mutex());
-  host_.set_state(device_.get_state());
+  host_.unsafeGetGeneratorImpl()->set_state(*device_.unsafeGetGeneratorImpl()->get_state());
 }
 
 HostGeneratorScope::~HostGeneratorScope() {
   std::lock_guard<std::mutex> lock(device_.mutex());
-  device_.set_state(host_.get_state());
+  device_.unsafeGetGeneratorImpl()->set_state(*host_.unsafeGetGeneratorImpl()->get_state());
 }
 
 }  // namespace {{ cookiecutter.device }}::runtime
