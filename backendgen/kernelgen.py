@@ -11,9 +11,11 @@ writes the one file that registers every generated kernel with the dispatcher.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import Op, OpDB
@@ -42,7 +44,7 @@ class KernelPlan:
 
 def _family(db: OpDB, target: Op) -> list[Op]:
     """The overloads that run through `target` because it is their structured out= kernel."""
-    return [op for op in db.all() if op.structured_delegate == target.name]
+    return db.delegating_to(target)
 
 
 def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
@@ -268,16 +270,24 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
 # --- rendering -----------------------------------------------------------------------------------
 
 def _env():
-    import jinja2
-
     from backendgen.render import template_dir
 
+    return _env_for(template_dir() / "ops")
+
+
+@functools.lru_cache(maxsize=4)
+def _env_for(directory: Path):
+    import jinja2
+
+    from backendgen.render import bytecode_cache
+
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir() / "ops")),
+        loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        bytecode_cache=bytecode_cache(),
     )
 
 

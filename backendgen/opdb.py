@@ -229,26 +229,45 @@ def _op_from_json(d: dict) -> Op:
 class OpDB:
     """All native functions of one torch, looked up by name."""
 
-    def __init__(self, info: TorchInfo, ops: list[Op]):
+    def __init__(self, info: TorchInfo, ops: list[Op] | list[dict]):
+        """`ops` are Ops, or their cached JSON form: an Op is then built the first time it is
+        looked up (a command that resolves a few operators does not pay for all ~3000)."""
         self.info = info
         self.torch_version = info.version
         self.yaml_sha256 = info.yaml_sha256
-        self._ops = {op.name: op for op in ops}
-        self._bases: dict[str, list[Op]] = {}
+        self._ops: dict[str, Op | dict] = {}
+        self._bases: dict[str, list[str]] = {}
+        self._delegating: dict[str, list[str]] = {}  # structured out= overload -> those that run through it
         for op in ops:
-            self._bases.setdefault(op.base, []).append(op)
+            base, overload, delegate = ((op["base"], op["overload"], op["structured_delegate"]) if isinstance(op, dict)
+                                        else (op.base, op.overload, op.structured_delegate))
+            name = f"{base}.{overload}" if overload else base  # Op.name
+            self._ops[name] = op
+            self._bases.setdefault(base, []).append(name)
+            if delegate:
+                self._delegating.setdefault(delegate, []).append(name)
+
+    def _op(self, name: str) -> Op:
+        op = self._ops[name]
+        if isinstance(op, dict):
+            op = self._ops[name] = _op_from_json(op)
+        return op
 
     def __len__(self) -> int:
         return len(self._ops)
 
     def all(self) -> list[Op]:
-        return list(self._ops.values())
+        return [self._op(name) for name in self._ops]
 
     def required(self) -> list[Op]:
-        return [op for op in self._ops.values() if op.needs_backend_kernel]
+        return [op for op in self.all() if op.needs_backend_kernel]
 
     def overloads(self, base: str) -> list[Op]:
-        return list(self._bases.get(base, []))
+        return [self._op(name) for name in self._bases.get(base, [])]
+
+    def delegating_to(self, target: Op) -> list[Op]:
+        """The overloads whose structured_delegate is `target` (add.Tensor and add_.Tensor for add.out)."""
+        return [self._op(name) for name in self._delegating.get(target.name, [])]
 
     def get(self, name: str) -> Op | None:
         m = _OP_NAME.match(name.strip()) if len(name) <= 200 else None
@@ -257,18 +276,19 @@ class OpDB:
         base, overload = m.group(1), m.group(2) or ""
         if overload == "default":
             overload = ""
-        return self._ops.get(f"{base}.{overload}" if overload else base)
+        key = f"{base}.{overload}" if overload else base
+        return self._op(key) if key in self._ops else None
 
     def close_matches(self, name: str, n: int = 5) -> list[str]:
         name = name.strip()[:200]
         if name.startswith("aten::"):
             name = name[len("aten::"):]
         base = name.split(".", 1)[0]
-        hits = [op.name for op in self.overloads(base)]
+        hits = list(self._bases.get(base, []))
         if not hits:
             hits = difflib.get_close_matches(name, list(self._ops), n=n, cutoff=0.6)
             for b in difflib.get_close_matches(base, list(self._bases), n=3, cutoff=0.75):
-                hits += [op.name for op in self._bases[b] if op.name not in hits]
+                hits += [op_name for op_name in self._bases[b] if op_name not in hits]
         return hits[:n]
 
     def resolve(self, name: str) -> Op:
@@ -287,9 +307,8 @@ class OpDB:
         if "." not in stripped and self.overloads(stripped):
             # A bare name means the default overload; without one, the Tensor overload is the
             # primary one by PyTorch's convention (mul -> mul.Tensor). Anything else is ambiguous.
-            tensor = self._ops.get(f"{stripped}.Tensor")
-            if tensor is not None:
-                return tensor
+            if f"{stripped}.Tensor" in self._ops:
+                return self._op(f"{stripped}.Tensor")
             names = ", ".join(o.name for o in self.overloads(stripped)[:8])
             raise UserError(f"{stripped!r} has no default overload; name one of: {names}")
         raise UnknownOpError(name.strip(), self.close_matches(name))
@@ -308,7 +327,10 @@ def load_opdb(info: TorchInfo | None = None) -> OpDB:
     ops = None
     if path.is_file():
         try:
-            ops = [_op_from_json(d) for d in json.loads(path.read_text())["ops"]]
+            ops = json.loads(path.read_text())["ops"]
+            if not all(isinstance(d, dict) and isinstance(d.get("base"), str) and isinstance(d.get("overload"), str)
+                       and "structured_delegate" in d for d in ops):
+                ops = None
         except (ValueError, KeyError, TypeError):
             ops = None  # a corrupt cache is rebuilt
     if ops is None:
