@@ -2,11 +2,12 @@
 
 The first build is `pip install --no-build-isolation --no-deps -e .` (a build-isolated env would
 fetch another torch); later builds run `setup.py build_ext --inplace`, which lets ninja recompile
-only what changed. Compilers go through ccache when it is installed. Output goes to a log file
+only what changed (the generated setup.py keeps ninja's files in the project's build/ even when
+pip builds). Compilers go through ccache when it is installed. Output goes to a log file
 under `build/`; a failure is reported with its first compiler error and the log's path.
 
 The fast path: `setup.py` imports torch (2-4 s) to find torch's paths and write build.ninja, and
-both stay the same from one build to the next. After each `setup.py build_ext` this module keeps a
+both stay the same from one build to the next. After each pip or `setup.py build_ext` build this module keeps a
 record (`build/backendgen-build-record.json`: ninja's directory, the link command read back from
 the log, the inputs that shaped them); the next build runs ninja and, if an object changed, that
 link command, without torch. A source file added or removed (add-op) keeps the fast path when
@@ -180,9 +181,12 @@ def build_project(root: Path, package: str, dist_name: str, *, incremental: bool
         return BuildOutcome(log, SETUP_PY, why)
     else:
         check_installable()
-        proc = _run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", str(root)],
+        csrc = _csrc_files(root)
+        # -v: the log gets setuptools' output, the link command included
+        proc = _run([sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "-e", str(root)],
                     root, log, env)
         _raise_if_failed(proc, log)
+        BuildRecord.from_log(root, log, csrc, env)
         return BuildOutcome(log, PIP, why)
 
 
@@ -260,12 +264,18 @@ class BuildRecord:
 
     @classmethod
     def from_log(cls, root: Path, log: Path, csrc: list[str], env: dict[str, str]) -> BuildRecord | None:
-        """Record a successful `setup.py build_ext --inplace` whose link command is in `log`."""
+        """Record a successful `setup.py build_ext --inplace` or pip build whose link command is in
+        `log` and whose ninja files are in the project's build/ (pip's are, since template 4)."""
         link = _link_command(log.read_text(errors="replace"))
         ninja_files = sorted((root / LOG_DIR).glob("temp.*/build.ninja"))
         if link is None or len(ninja_files) != 1:
             return None  # the next build takes setup.py again
         ninja_dir = ninja_files[0].parent
+        out = Path(link[link.index("-o") + 1])
+        if not out.resolve().is_relative_to(root.resolve()):
+            # pip linked into a temporary directory, gone now: later links go where setup.py's do
+            lib_dir = root / LOG_DIR / ninja_dir.name.replace("temp.", "lib.", 1) / out.parent.name
+            link[link.index("-o") + 1] = str(lib_dir / out.name)
         record = cls({
             "format": RECORD_FORMAT,
             "root": str(root.resolve()),

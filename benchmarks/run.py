@@ -3,8 +3,8 @@
     python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json] [--no-instructions]
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
-Where valgrind is installed, the small-op comparison is also counted in instructions (callgrind),
-which unlike seconds do not depend on what else the machine is doing.
+Where valgrind is installed, the small-op comparison and the render are also counted in
+instructions (callgrind), which unlike seconds do not depend on what else the machine is doing.
 The script generates its own backend under a fresh name in a temporary directory, installs it
 (editable) for the duration of the run and uninstalls it afterwards. Timings are never asserted
 by the unit tests: machines are noisy; this script is where the numbers come from.
@@ -131,11 +131,27 @@ def small_op_instructions(device: str, env: dict, n: int = 2000) -> dict[str, fl
             "small_op_instr_ratio": per_op["device"] / per_op["cpu"]}
 
 
+def render_instructions(device: str, work: Path, env: dict) -> dict[str, float]:
+    """Instructions of a whole `backendgen new --no-build` (interpreter start included), in
+    billions: the render figure without the machine's mood. Empty without valgrind."""
+    if shutil.which("valgrind") is None:
+        return {}
+    dest = work / f"i{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                        *_bg("new", device + "i", "-o", str(dest), "--no-build")],  # not the installed one's name
+                       env=env, capture_output=True, check=True)
+        totals = [line for line in out.read_text().splitlines() if line.startswith(("totals:", "summary:"))]
+    shutil.rmtree(dest, ignore_errors=True)
+    return {"render_instr_G": int(totals[-1].split()[1]) / 1e9}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "latest.json")
-    ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind count (about a minute)")
+    ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts (about a minute and a half)")
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
     work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
@@ -165,7 +181,8 @@ def main() -> None:
                         f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
                        env=cold_env, check=True)
         res["cold_build_s"] = time.perf_counter() - t0
-        # pip builds in a temporary directory; rebuild cold in build/ to read ninja's per-TU times
+        # the compile alone, without pip's own work: setup.py from a clean build/ (ninja's log
+        # then gives the time of each translation unit)
         shutil.rmtree(root / "build", ignore_errors=True)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root, env=dict(cold_env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
@@ -173,11 +190,9 @@ def main() -> None:
         res["cold_build_ext_s"] = time.perf_counter() - t0
         tu = ninja_tu_times(root)
 
-        # what a user runs after an edit; ccache on, as backendgen sets it up. The first rebuild
-        # after pip's install goes through setup.py (pip builds in a temporary directory) and
-        # leaves the record that lets later ones run ninja and the link alone. It is not a figure
-        # here: the cold builds above bypassed ccache, so it compiles everything (after `new`, a
-        # user's first rebuild finds every unit in ccache).
+        # what a user runs after an edit; ccache on, as backendgen sets it up. The first rebuild is
+        # not a figure: the cold build_ext above ran without backendgen, which keeps no record of
+        # it, so that rebuild goes through setup.py; later ones run ninja and the link alone.
         rebuild = _bg("build", "--project", str(root))
         _time(rebuild)
         res["noop_rebuild_s"] = _median(lambda: _time(rebuild), args.runs)
@@ -204,6 +219,7 @@ def main() -> None:
         res.update(json.loads(out.stdout.strip().splitlines()[-1]))
         if not args.no_instructions:
             res.update(small_op_instructions(device, env))
+            res.update(render_instructions(device, work, env))
     finally:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", f"torch-{device}"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)

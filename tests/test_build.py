@@ -44,6 +44,16 @@ def recorded(rendered_project, tmp_path):
     return root, env
 
 
+def test_a_pip_build_is_recorded_with_its_link_moved_into_the_project(recorded):
+    # pip links into a temporary directory that it deletes; the recorded link writes where setup.py's does
+    root, env = recorded
+    log = root / "build" / "backendgen-build.log"
+    log.write_text("  " + LINK_LINE.replace("-o build/lib.linux-x86_64-cpython-311", "-o /tmp/tmpab12.build-lib") + "\n")
+    record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
+    assert record.library == str(root / "build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so")
+    assert build.BuildRecord.load(root).data["link"] == record.data["link"]
+
+
 def test_an_edited_source_keeps_the_fast_path(recorded):
     root, env = recorded
     kernel = root / "csrc" / "aten" / "ops" / "mul.cpp"

@@ -51,10 +51,13 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert "aten::abs.out" in res.added
     assert "aten::mul.Tensor" in res.unchanged and "aten::add_.Tensor" in res.unchanged  # `new` added them
 
-    # the edit loop: pip built this copy in a temporary directory, so the first rebuild goes through
-    # setup.py; after that an edited kernel is rebuilt by ninja and the link alone, and runs as edited
+    # the edit loop: pip installed this copy (it was not installed from here) and left ninja's files
+    # and a record in build/, so even the first rebuild is ninja and the link; --full goes through
+    # setup.py; an edited kernel is rebuilt by ninja and the link alone, and runs as edited
     out = run_cli("build", "--project", str(root))
-    assert out.returncode == 0 and "setup.py build_ext --inplace: no record of an earlier setup.py build" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
+    out = run_cli("build", "--full", "--project", str(root))
+    assert out.returncode == 0 and "setup.py build_ext --inplace: full build requested" in out.stdout, out.stdout + out.stderr
     kernel = root / "csrc/aten/ops/abs.cpp"
     original = kernel.read_text()
     kernel.write_text(original.replace("  // ---- end of device computation",

@@ -20,6 +20,7 @@ imported when that command is looked up (TorchDistribution below).
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from setuptools import Command, Distribution, Extension, setup
@@ -78,6 +79,10 @@ def torch_build_ext():
             # CppExtension adds torch's include and library paths to the extension
             self.distribution.ext_modules = [CppExtension(sources=sources(), **EXTENSION)]
             super().finalize_options()
+            # ninja's files and the objects stay in the project's build/ (setuptools' usual place)
+            # even when pip builds (it picks a temporary directory, deleted afterwards): the next
+            # build, whether pip, setup.py or backendgen, then recompiles only what changed
+            self.build_temp = str(ROOT / "build" / f"temp.{self.plat_name}-{sys.implementation.cache_tag}")
 
     return BuildExt
 
