@@ -271,6 +271,9 @@ class BuildRecord:
         if link is None or len(ninja_files) != 1:
             return None  # the next build takes setup.py again
         ninja_dir = ninja_files[0].parent
+        objects = [Path(root, a).resolve() for a in link if a.endswith(".o")]
+        if not objects or not all(o.is_relative_to(ninja_dir.resolve()) for o in objects):
+            return None  # linked objects from elsewhere (pip with an older template's setup.py)
         out = Path(link[link.index("-o") + 1])
         if not out.resolve().is_relative_to(root.resolve()):
             # pip linked into a temporary directory, gone now: later links go where setup.py's do

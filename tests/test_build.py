@@ -37,7 +37,7 @@ def recorded(rendered_project, tmp_path):
     ninja.parent.mkdir(parents=True)
     ninja.write_text("rule compile\n")
     log = root / "build" / "backendgen-build.log"
-    log.write_text(LINK_LINE + "\n")
+    log.write_text(LINK_LINE.replace("/p/", f"{root}/") + "\n")
     env = build._env()
     record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
     assert record is not None and record.stale_because(root, env) is None
@@ -48,10 +48,19 @@ def test_a_pip_build_is_recorded_with_its_link_moved_into_the_project(recorded):
     # pip links into a temporary directory that it deletes; the recorded link writes where setup.py's does
     root, env = recorded
     log = root / "build" / "backendgen-build.log"
-    log.write_text("  " + LINK_LINE.replace("-o build/lib.linux-x86_64-cpython-311", "-o /tmp/tmpab12.build-lib") + "\n")
+    log.write_text("  " + LINK_LINE.replace("/p/", f"{root}/").replace("-o build/lib.linux-x86_64-cpython-311", "-o /tmp/tmpab12.build-lib") + "\n")
     record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
     assert record.library == str(root / "build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so")
     assert build.BuildRecord.load(root).data["link"] == record.data["link"]
+
+
+def test_a_build_that_compiled_outside_the_project_is_not_recorded(recorded):
+    # pip with a template-3 setup.py compiles in a temporary directory; an older build/temp.* in the
+    # project is not what it linked
+    root, env = recorded
+    log = root / "build" / "backendgen-build.log"
+    log.write_text(LINK_LINE.replace("/p/build/temp.linux-x86_64-cpython-311", "/tmp/tmpcd34.build-temp") + "\n")
+    assert build.BuildRecord.from_log(root, log, build._csrc_files(root), env) is None
 
 
 def test_an_edited_source_keeps_the_fast_path(recorded):
