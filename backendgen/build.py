@@ -166,7 +166,7 @@ def build_project(root: Path, package: str, dist_name: str, *, incremental: bool
            else "full build requested" if not (incremental and allow_fast) else None)
     if why is None:
         record = BuildRecord.load(root)
-        why = "no record of an earlier setup.py build" if record is None else record.stale_because(root, env)
+        why = "no record of an earlier build" if record is None else record.stale_because(root, env)
         if why == SOURCES_CHANGED and record.units_still_match(root, env):
             why = None  # e.g. add-op: a new kernel joins an existing unity file, which ninja recompiles
         if why is None:
@@ -246,7 +246,7 @@ def _link_command(log_text: str) -> list[str] | None:
 
 @dataclass
 class BuildRecord:
-    """What the last `setup.py build_ext` compiled and how it linked (see the module docstring)."""
+    """What the last pip or `setup.py build_ext` build compiled and how it linked (see the module docstring)."""
 
     data: dict
 
