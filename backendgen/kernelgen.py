@@ -42,11 +42,6 @@ class KernelPlan:
         return t.base if t.overload in ("", "out") else f"{t.base}_{t.overload}"
 
 
-def _family(db: OpDB, target: Op) -> list[Op]:
-    """The overloads that run through `target` because it is their structured out= kernel."""
-    return db.delegating_to(target)
-
-
 def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
     notes = []
     target = requested
@@ -56,7 +51,7 @@ def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
             raise UserError(f"{requested.qualified} delegates to unknown {requested.structured_delegate}")
         notes.append(
             f"{requested.qualified} is structured: registering {target.qualified} makes "
-            f"{', '.join(o.qualified for o in _family(db, target))} and {target.qualified} native"
+            f"{', '.join(o.qualified for o in db.delegating_to(target))} and {target.qualified} native"
         )
     elif requested.composite_implicit:
         raise CompositeOpError(
@@ -69,7 +64,7 @@ def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
             f"{target.qualified} returns a view of its input; backendgen generates kernels for computing ops only "
             "(views are served by the backend's as_strided/view kernels)"
         )
-    covers = [target.qualified] + [o.qualified for o in _family(db, target)]
+    covers = [target.qualified] + [o.qualified for o in db.delegating_to(target)]
     if target.composite_explicit:
         notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
     elif not target.needs_backend_kernel and not target.structured:
@@ -84,7 +79,7 @@ def _functional(db: OpDB, target: Op) -> Op | None:
     from, and the functional's arguments are plain tensors (no lists) and non-tensors."""
     if not target.cpu_structured_class:
         return None
-    for op in _family(db, target):
+    for op in db.delegating_to(target):
         if op.kind != "functional" or op.meta_args is None:
             continue
         plain_args = all(a.cpp_type not in _LISTS for a in op.args)
