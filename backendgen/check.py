@@ -39,10 +39,12 @@ CPP_APIS = {
     "c10/core/impl/DeviceGuardImplInterface.h": ["DeviceGuardImplInterface", "C10_REGISTER_GUARD_IMPL", "elapsedTime"],
     "ATen/detail/PrivateUse1HooksInterface.h": ["PrivateUse1HooksInterface", "RegisterPrivateUse1HooksInterface",
                                                 "resizePrivateUse1Bytes"],
-    "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl"],
+    "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl", "getDefaultCPUGenerator"],
     "torch/csrc/jit/serialization/pickler_helper.h": ["TensorBackendMetaRegistry"],
     "ATen/autocast_mode.h": ["get_autocast_dtype"],
-    "ATen/native/CPUFallback.h": ["cpu_fallback"],
+    # the CPU fallback stages arguments and redispatches to the CPU itself (csrc/aten/fallback.cpp)
+    "ATen/core/dispatch/Dispatcher.h": ["redispatchBoxed", "hasTag"],
+    "ATen/core/ivalue.h": ["isOptionalTensorList", "isGenerator"],
     "ATen/EmptyTensor.h": ["empty_generic", "empty_strided_generic"],
     # functional kernels derive from the CPU's structured class (csrc/aten/ops/*.cpp)
     "ATen/TensorMeta.h": ["set_output_raw_strided", "maybe_get_output"],

@@ -112,7 +112,12 @@ def set_memory_limit(nbytes: int, device=None) -> None:
 
 def fallback_counts() -> dict[str, int]:
     """How often each operator without a {{ cookiecutter.device }} kernel ran on the CPU, e.g. {"aten::sin.out": 3}."""
-    return dict(_C.fallback_counts())
+    return {name: calls for name, (calls, _) in _C.fallback_stats().items()}
+
+
+def fallback_stats() -> dict[str, tuple[int, float]]:
+    """Per operator that ran through the CPU fallback: (calls, seconds spent in the fallback)."""
+    return dict(_C.fallback_stats())
 
 
 def reset_fallback_counts() -> None:

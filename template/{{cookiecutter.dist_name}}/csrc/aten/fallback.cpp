@@ -1,26 +1,55 @@
-// Global CPU fallback: every ATen operator without a {{ cookiecutter.device }} kernel runs on the CPU.
+// Global CPU fallback: every ATen operator without a {{ cookiecutter.device }} kernel runs on the CPU,
+// with PyTorch's semantics intact.
 //
-// The boxed fallback copies the device inputs to the CPU, runs the CPU kernel and copies results
-// back (at::native::cpu_fallback). It counts calls per operator (torch.{{ cookiecutter.device }}.fallback_counts())
-// and, with {{ cookiecutter.DEVICE }}_WARN_FALLBACK=1 or torch.{{ cookiecutter.device }}.set_fallback_warning(True),
-// warns once per operator, naming it — the list of kernels worth writing next
-// (`backendgen add-op <op>`). What a hardware team replaces: nothing; it shrinks as kernels land.
+// How: the fallback stages the operator's device arguments in host memory and runs the CPU kernel
+// on them. Staging is by storage, not by tensor: every device storage an argument uses is copied
+// once (the byte range its tensors cover) and each argument becomes a host tensor with the same
+// sizes, strides and storage offset into that copy. So views, non-contiguous and overlapping
+// arguments, and arguments that alias each other reach the CPU kernel exactly as they are on the
+// device. Afterwards every storage the kernel changed is copied back — whether or not the
+// operator's schema marks the argument as written (native_batch_norm updates its running
+// statistics without the mark) — and a geometry the kernel changed (an out= tensor it resized) is
+// carried to the device tensor. Results that alias an argument come back as that argument (or as a
+// view of its device storage); new results are copied to the device with their strides.
+//
+// Random operators draw from the device's generator, not the CPU's: a device torch.Generator passed
+// to the operator is lent to the CPU kernel as a CPU generator with its state, and for operators
+// tagged nondeterministic_seeded the CPU's default generator holds the device's default state for
+// the duration (runtime/generator.h), so torch.{{ cookiecutter.device }}.manual_seed reproduces them.
+//
+// It counts calls and time per operator (torch.{{ cookiecutter.device }}.fallback_stats(); `backendgen profile`)
+// and, with {{ cookiecutter.DEVICE }}_WARN_FALLBACK=1 or torch.{{ cookiecutter.device }}.set_fallback_warning(True), warns once
+// per operator — the list of kernels worth writing next (`backendgen add-op <op>`).
+//
+// What a hardware team replaces: nothing. All device memory traffic goes through driver::memcpy, so
+// the fallback stays correct on real device memory; it shrinks in importance as kernels land.
 #include "aten/fallback.h"
 
-#include <ATen/native/CPUFallback.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
+
+#include "aten/kernel_support.h"
+#include "runtime/generator.h"
+#include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::fallback {
 namespace {
 
+// ---- counters ----------------------------------------------------------------------------------
+
 struct Counters {
   std::mutex mu;
-  std::unordered_map<std::string, int64_t> calls;
+  std::unordered_map<std::string, Stat> stats;
 };
 
 Counters& counters() {
@@ -36,32 +65,311 @@ std::atomic<bool>& warn_flag() {
   return flag;
 }
 
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const std::string name = c10::toString(op.operator_name());
+// ---- staging -----------------------------------------------------------------------------------
+
+bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+size_t offset_bytes(const at::Tensor& t) { return static_cast<size_t>(t.storage_offset()) * t.dtype().itemsize(); }
+
+// One past the last byte `t` can reach in its storage (0 for an empty tensor).
+size_t end_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return static_cast<size_t>(last + 1) * t.dtype().itemsize();
+}
+
+// A device storage mirrored in host memory while the CPU kernel runs: host byte i is device byte lo + i.
+struct StagedStorage {
+  c10::Storage device;
+  c10::Device where = c10::Device(c10::DeviceType::PrivateUse1);
+  size_t lo = 0, hi = 0;  // the byte range of `device` the arguments reach
+  bool declared_written = false;  // an argument on it is marked written (Tensor(a!)) in the schema
+  c10::Storage host;
+  std::vector<char> before;  // the host copy as staged, to find writes the schema does not declare
+};
+
+// A device tensor argument and the host tensor that stands for it.
+struct StagedTensor {
+  at::Tensor device;
+  size_t storage;
+  at::Tensor host;
+};
+
+c10::Storage new_device_storage(size_t nbytes, c10::Device where) {
+  c10::DeviceGuard guard(where);  // the allocator allocates on the current device
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, runtime::device_allocator(), /*resizable=*/true);
+}
+
+at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
+                     c10::IntArrayRef strides, int64_t offset, const at::Tensor& bits_from) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  if (bits_from.is_conj()) t._set_conj(true);
+  if (bits_from.is_neg()) t._set_neg(true);
+  return t;
+}
+
+bool declares_write(const c10::Argument& arg) {
+  const c10::AliasInfo* info = arg.alias_info();
+  if (info == nullptr) return false;
+  if (info->isWrite()) return true;
+  for (const c10::AliasInfo& inner : info->containedTypes()) {  // Tensor(a!)[]
+    if (inner.isWrite()) return true;
+  }
+  return false;
+}
+
+class Staging {
+ public:
+  Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack) : stack_(stack) {
+    const auto& args = op.schema().arguments();
+    begin_ = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], declares_write(args[i]), &Staging::note);
+    copy_to_host();
+    next_ = 0;
+    for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], false, &Staging::substitute);
+  }
+
+  // The device the operator runs on: its first device tensor's, else a device argument's, else the current one.
+  c10::Device device() const {
+    if (!tensors_.empty()) return tensors_.front().device.device();
+    if (device_arg_.has_value()) return *device_arg_;
+    return c10::Device(c10::DeviceType::PrivateUse1, runtime::current_device());
+  }
+
+  // After the CPU kernel: copy back every storage it changed, carry changed geometry to the device.
+  void write_back();
+
+  // A result of the CPU kernel as the device sees it.
+  c10::IValue to_device(const c10::IValue& v);
+
+ private:
+  using Visitor = at::Tensor (Staging::*)(const at::Tensor&, bool written);
+
+  void visit(c10::IValue& v, bool written, Visitor fn) {
+    if (v.isTensor()) {
+      v = (this->*fn)(v.toTensor(), written);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back((this->*fn)(t, written));
+      v = std::move(out);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list = v.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(list.size());
+      for (const std::optional<at::Tensor>& t : list) {
+        out.push_back(t.has_value() ? std::optional<at::Tensor>((this->*fn)(*t, written)) : std::nullopt);
+      }
+      v = std::move(out);
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      if (fn == &Staging::note) {  // a factory operator's device= argument: the CPU kernel makes host results
+        device_arg_ = v.toDevice();
+        v = c10::IValue(c10::Device(c10::DeviceType::CPU));
+      }
+    }
+  }
+
+  // Pass 1: which device storages, and which byte range of each, the arguments reach.
+  at::Tensor note(const at::Tensor& t, bool written) {
+    if (!on_device(t)) return t;
+    const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    auto [it, added] = index_.emplace(key, storages_.size());
+    if (added) {
+      StagedStorage s;
+      s.device = t.storage();
+      s.where = t.device();
+      s.lo = s.device.nbytes();
+      storages_.push_back(std::move(s));
+    }
+    StagedStorage& s = storages_[it->second];
+    s.lo = std::min(s.lo, offset_bytes(t));  // an empty tensor's offset may lie past the end
+    s.hi = std::max(s.hi, end_bytes(t));
+    s.declared_written |= written;
+    tensors_.push_back(StagedTensor{t, it->second, at::Tensor()});
+    return t;
+  }
+
+  void copy_to_host() {
+    for (StagedStorage& s : storages_) {
+      s.lo -= s.lo % 16;  // host offsets stay whole elements for every dtype (itemsizes divide 16)
+      s.hi = std::max(s.hi, s.lo);
+      const size_t n = s.hi - s.lo;
+      s.host = c10::Storage(c10::Storage::use_byte_size_t(), n, c10::GetCPUAllocator(), /*resizable=*/true);
+      if (n > 0) {
+        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(s.host.mutable_data(), static_cast<const char*>(s.device.data()) + s.lo,
+                                                       n, driver::CopyKind::device_to_host));
+      }
+      if (!s.declared_written && n > 0) {
+        const char* p = static_cast<const char*>(s.host.data());
+        s.before.assign(p, p + n);
+      }
+    }
+  }
+
+  // Pass 2: each device tensor argument becomes a host tensor on its storage's host copy.
+  at::Tensor substitute(const at::Tensor& t, bool) {
+    if (!on_device(t)) return t;
+    StagedTensor& st = tensors_[next_++];
+    const StagedStorage& s = storages_[st.storage];
+    const int64_t offset = static_cast<int64_t>((offset_bytes(t) - s.lo) / t.dtype().itemsize());
+    st.host = tensor_on(s.host, c10::DispatchKey::CPU, t.dtype(), t.sizes(), t.strides(), offset, t);
+    return st.host;
+  }
+
+  torch::jit::Stack* stack_;
+  size_t begin_ = 0, next_ = 0;
+  std::deque<StagedStorage> storages_;
+  std::vector<StagedTensor> tensors_;
+  std::unordered_map<const c10::StorageImpl*, size_t> index_;
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> new_results_;  // host storage -> its device copy
+  std::optional<c10::Device> device_arg_;
+};
+
+void Staging::write_back() {
+  for (StagedStorage& s : storages_) {
+    const c10::StorageImpl* host = s.host.unsafeGetStorageImpl();
+    const size_t n = host->nbytes();
+    const bool grown = n != s.hi - s.lo;  // the kernel resized an argument beyond the staged range
+    const bool changed = s.declared_written || grown ||
+                         (n > 0 && std::memcmp(s.before.data(), host->data(), n) != 0);
+    if (!changed || n == 0) continue;
+    kernels::grow_storage(s.device, s.lo + n, s.where);
+    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(static_cast<char*>(s.device.mutable_data()) + s.lo, host->data(), n,
+                                                   driver::CopyKind::host_to_device));
+  }
+  for (StagedTensor& st : tensors_) {
+    const at::Tensor& h = st.host;
+    c10::TensorImpl* d = st.device.unsafeGetTensorImpl();
+    const StagedStorage& s = storages_[st.storage];
+    if (!h.storage().is_alias_of(s.host)) {  // the kernel gave the argument new memory (set_)
+      c10::Storage fresh = new_device_storage(h.storage().nbytes(), st.device.device());
+      if (h.storage().nbytes() > 0) {
+        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), h.storage().data(), h.storage().nbytes(),
+                                                       driver::CopyKind::host_to_device));
+      }
+      d->set_storage_keep_dtype(std::move(fresh));
+      d->set_sizes_and_strides(h.sizes(), h.strides(), h.storage_offset());
+      continue;
+    }
+    const int64_t offset = static_cast<int64_t>((offset_bytes(h) + s.lo) / h.dtype().itemsize());
+    if (h.sizes() != st.device.sizes() || h.strides() != st.device.strides() || offset != st.device.storage_offset()) {
+      d->set_sizes_and_strides(h.sizes(), h.strides(), offset);
+    }
+  }
+}
+
+c10::IValue Staging::to_device(const c10::IValue& v) {
+  auto one = [&](const at::Tensor& h) -> at::Tensor {
+    if (!h.defined() || on_device(h)) return h;
+    for (const StagedTensor& st : tensors_) {
+      if (st.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return st.device;  // in-place, out=
+    }
+    for (const StagedStorage& s : storages_) {
+      if (h.storage().is_alias_of(s.host)) {  // a view of an argument: the same view of its device storage
+        const int64_t offset = static_cast<int64_t>((offset_bytes(h) + s.lo) / h.dtype().itemsize());
+        return tensor_on(s.device, c10::DispatchKey::PrivateUse1, h.dtype(), h.sizes(), h.strides(), offset, h);
+      }
+    }
+    // A new result: copied to the device storage by storage, so strides and aliasing between results stay.
+    const c10::StorageImpl* key = h.storage().unsafeGetStorageImpl();
+    auto it = new_results_.find(key);
+    if (it == new_results_.end()) {
+      const size_t n = h.storage().nbytes();
+      c10::Storage fresh = new_device_storage(n, device());
+      if (n > 0) {
+        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), h.storage().data(), n,
+                                                       driver::CopyKind::host_to_device));
+      }
+      it = new_results_.emplace(key, std::move(fresh)).first;
+    }
+    return tensor_on(it->second, c10::DispatchKey::PrivateUse1, h.dtype(), h.sizes(), h.strides(),
+                     h.storage_offset(), h);
+  };
+  if (v.isTensor()) return one(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(one(t));
+    return out;
+  }
+  return v;
+}
+
+// Lends device generators to the CPU kernel (see the top of this file).
+class Generators {
+ public:
+  Generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
+    const size_t n = op.schema().arguments().size();
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      c10::IValue& v = (*stack)[i];
+      if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
+        lent_.emplace_back(std::optional<at::Generator>(v.toGenerator()), device);
+        v = c10::IValue(*lent_.back().host());
+      }
+    }
+    if (op.hasTag(at::Tag::nondeterministic_seeded)) default_.emplace(device);
+  }
+
+ private:
+  std::deque<runtime::HostGeneratorScope> lent_;
+  std::optional<runtime::DefaultGeneratorScope> default_;
+};
+
+// Counts a call and, when the fallback warning is on, names the operator the first time it falls back.
+void count_call(const std::string& name) {
   bool first = false;
   {
     Counters& c = counters();
     std::lock_guard<std::mutex> lock(c.mu);
-    first = c.calls[name]++ == 0;
+    first = c.stats[name].calls++ == 0;
   }
   if (first && warn_flag().load()) {
     TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU (add one: backendgen add-op ", name, ")");
   }
-  at::native::cpu_fallback(op, stack);
+}
+
+// Adds the time until the end of its scope to an operator's total.
+struct Timed {
+  const std::string& name;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~Timed() {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+    Counters& c = counters();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.stats[name].nanos += ns.count();
+  }
+};
+
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string name = c10::toString(op.operator_name());
+  count_call(name);
+  Timed timed{name};
+  Staging staging(op, stack);
+  const c10::Device device = staging.device();
+  c10::DeviceGuard guard(device);
+  {
+    Generators generators(op, stack, device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+  staging.write_back();
+  const size_t returns = op.schema().returns().size();
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) (*stack)[i] = staging.to_device((*stack)[i]);
 }
 
 }  // namespace
 
-std::vector<std::pair<std::string, int64_t>> counts() {
+std::vector<std::pair<std::string, Stat>> stats() {
   Counters& c = counters();
   std::lock_guard<std::mutex> lock(c.mu);
-  return {c.calls.begin(), c.calls.end()};
+  return {c.stats.begin(), c.stats.end()};
 }
 
 void reset_counts() {
   Counters& c = counters();
   std::lock_guard<std::mutex> lock(c.mu);
-  c.calls.clear();
+  c.stats.clear();
 }
 
 void set_warning(bool enabled) { warn_flag().store(enabled); }

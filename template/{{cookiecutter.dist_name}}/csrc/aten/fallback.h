@@ -8,7 +8,12 @@
 
 namespace {{ cookiecutter.device }}::fallback {
 
-std::vector<std::pair<std::string, int64_t>> counts();
+struct Stat {
+  int64_t calls = 0;
+  int64_t nanos = 0;  // wall time in the fallback: staging, the CPU kernel, copying back
+};
+
+std::vector<std::pair<std::string, Stat>> stats();
 void reset_counts();
 void set_warning(bool enabled);
 bool warning_enabled();

@@ -11,7 +11,6 @@
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/empty_ops.h>
 #include <ATen/ops/empty_strided_ops.h>
-#include <ATen/ops/resize_ops.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <array>
@@ -119,15 +118,15 @@ void write_back(const at::Tensor& device_out, const at::Tensor& host_out) {
     }
     return;
   }
-  // The CPU kernel reallocated the output (it was too small): grow the device tensor, copy in.
-  at::_ops::resize_::call(device_out, host_out.sym_sizes(), std::nullopt);
-  if (host_out.is_contiguous() && device_out.is_contiguous()) {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(device_out.data_ptr(), host_out.data_ptr(), host_out.nbytes(),
-                                                   driver::CopyKind::host_to_device));
-  } else {
-    at::Tensor alias = host_alias(device_out);
-    at::_ops::copy_::call(alias, host_out, false);
-  }
+  // The CPU kernel reallocated the output (it was too small): grow the device storage, take the
+  // result's geometry (an out= kernel may have given it strides, e.g. channels_last), copy in.
+  const size_t itemsize = device_out.dtype().itemsize();
+  const size_t needed =
+      at::detail::computeStorageNbytes(host_out.sizes(), host_out.strides(), itemsize, device_out.storage_offset());
+  grow_storage(device_out.storage(), needed, device_out.device());
+  d->set_sizes_and_strides(host_out.sizes(), host_out.strides(), device_out.storage_offset());
+  at::Tensor alias = host_alias(device_out);
+  at::_ops::copy_::call(alias, host_out, false);
 }
 
 at::Tensor to_device(const at::Tensor& host, c10::Device device) {
@@ -197,6 +196,19 @@ at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const 
     return at::detail::empty_generic(sizes, runtime::device_allocator(), keys, dtype, options.memory_format_opt());
   }
   return at::detail::empty_strided_generic(sizes, strides, runtime::device_allocator(), keys, dtype);
+}
+
+void grow_storage(const c10::Storage& storage, size_t nbytes, c10::Device device) {
+  c10::StorageImpl* s = storage.unsafeGetStorageImpl();
+  if (nbytes <= s->nbytes()) return;
+  TORCH_CHECK(s->resizable(), "trying to resize storage that is not resizable");
+  c10::DeviceGuard guard(device);  // the allocator allocates on the current device
+  c10::DataPtr fresh = runtime::device_allocator()->allocate(nbytes);
+  if (s->nbytes() > 0) {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.get(), s->data(), s->nbytes(), driver::CopyKind::device_to_device));
+  }
+  s->set_data_ptr_noswap(std::move(fresh));
+  s->set_nbytes(nbytes);
 }
 
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view) {

@@ -29,7 +29,8 @@ std::vector<at::Tensor> host_alias(at::TensorList ts);
 c10::List<std::optional<at::Tensor>> host_alias(const c10::List<std::optional<at::Tensor>>& ts);
 
 // After an in-place or out= call on `host_out` (a host alias of `device_out`): carry its new
-// sizes/strides back, or — if the CPU kernel had to reallocate it — resize the device tensor and copy.
+// sizes/strides back, or — if the CPU kernel had to reallocate it — grow the device storage, give
+// the device tensor the result's sizes and strides, and copy.
 void write_back(const at::Tensor& device_out, const at::Tensor& host_out);
 
 // A new host result -> a new device tensor on `device` (one copy).
@@ -72,5 +73,8 @@ at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const 
 
 // A device tensor sharing `base`'s storage with the geometry of `view` (a host view of base's alias).
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view);
+
+// Makes a device storage at least `nbytes` long, keeping its contents (resize_, out= results).
+void grow_storage(const c10::Storage& storage, size_t nbytes, c10::Device device);
 
 }  // namespace {{ cookiecutter.device }}::kernels

@@ -69,25 +69,21 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::Int
   return minimal_ops::as_strided(self, size, stride, self.storage_offset());
 }
 
+// PyTorch's resize_ semantics: the same sizes keep the tensor as it is (strides, offset and all:
+// out= and in-place write-backs resize to the size a view already has), new sizes make it
+// contiguous, the storage grows when it must (keeping its contents) and never shrinks, and a
+// memory format restrides the result.
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
-  c10::DeviceGuard guard(self.device());
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
-  const size_t needed =
-      at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
-  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-  if (needed > storage->nbytes()) {
-    TORCH_CHECK(storage->resizable(), "trying to resize storage that is not resizable");
-    c10::DataPtr fresh = runtime::device_allocator()->allocate(needed);
-    if (storage->nbytes() > 0) {
-      {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.get(), storage->data(), storage->nbytes(),
-                                                     driver::CopyKind::device_to_device));
-    }
-    storage->set_data_ptr_noswap(std::move(fresh));
-    storage->set_nbytes(needed);
+  if (self.sizes() != size) {
+    impl->set_sizes_contiguous(size);
+    const size_t needed = impl->numel() == 0 ? 0
+        : at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), self.storage_offset());
+    kernels::grow_storage(self.storage(), needed, self.device());
   }
-  impl->set_sizes_contiguous(size);
-  if (memory_format.has_value() && *memory_format != c10::MemoryFormat::Preserve) {
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format ", *memory_format);
     impl->empty_tensor_restride(*memory_format);
   }
   return self;

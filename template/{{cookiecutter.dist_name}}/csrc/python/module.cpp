@@ -124,13 +124,13 @@ PyObject* mem_info(PyObject*, PyObject* arg) {
   });
 }
 
-// {operator name: times it ran through the CPU fallback}.
-PyObject* fallback_counts(PyObject*, PyObject*) {
+// {operator name: (calls, seconds)} of the operators that ran through the CPU fallback.
+PyObject* fallback_stats(PyObject*, PyObject*) {
   return guarded([]() -> PyObject* {
     PyObject* out = PyDict_New();
     if (out == nullptr) return nullptr;
-    for (const auto& [name, n] : dev::fallback::counts()) {
-      PyObject* value = PyLong_FromLongLong(n);
+    for (const auto& [name, stat] : dev::fallback::stats()) {
+      PyObject* value = Py_BuildValue("(Ld)", static_cast<long long>(stat.calls), stat.nanos * 1e-9);
       if (value == nullptr || PyDict_SetItemString(out, name.c_str(), value) != 0) {
         Py_XDECREF(value);
         Py_DECREF(out);
@@ -168,7 +168,7 @@ PyMethodDef kMethods[] = {
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
-    {"fallback_counts", fallback_counts, METH_NOARGS, "Operators run through the CPU fallback, with counts."},
+    {"fallback_stats", fallback_stats, METH_NOARGS, "Operators run through the CPU fallback: (calls, seconds)."},
     {"reset_fallback_counts", reset_fallback_counts, METH_NOARGS, "Zero the fallback counters."},
     {"set_fallback_warning", set_fallback_warning, METH_O, "Warn once per operator that falls back to the CPU."},
     {"fallback_warning", fallback_warning, METH_NOARGS, "Whether the fallback warning is on."},

@@ -66,4 +66,20 @@ HostGeneratorScope::~HostGeneratorScope() {
   device_.unsafeGetGeneratorImpl()->set_state(*host_.unsafeGetGeneratorImpl()->get_state());
 }
 
+DefaultGeneratorScope::DefaultGeneratorScope(c10::Device device) : device_(default_generator(device.index())) {
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
+  std::lock_guard<std::mutex> device_lock(device_.mutex());
+  cpu_saved_ = cpu.clone();
+  cpu.unsafeGetGeneratorImpl()->set_state(*device_.unsafeGetGeneratorImpl()->get_state());
+}
+
+DefaultGeneratorScope::~DefaultGeneratorScope() {
+  at::Generator cpu = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
+  std::lock_guard<std::mutex> device_lock(device_.mutex());
+  device_.unsafeGetGeneratorImpl()->set_state(*cpu.unsafeGetGeneratorImpl()->get_state());
+  cpu.unsafeGetGeneratorImpl()->set_state(*cpu_saved_.unsafeGetGeneratorImpl()->get_state());
+}
+
 }  // namespace {{ cookiecutter.device }}::runtime

@@ -26,4 +26,21 @@ class HostGeneratorScope {
   at::Generator host_;
 };
 
+// For a host-side kernel that draws from the CPU's default generator (a random operator run by the
+// CPU fallback with no generator argument): the CPU's default generator holds the device's default
+// state for the duration, the device generator takes the advanced state back, and the CPU's own
+// state is restored. Another thread drawing CPU random numbers meanwhile would draw from the
+// device's stream: the fallback is not meant for concurrent use with the CPU's generator.
+class DefaultGeneratorScope {
+ public:
+  explicit DefaultGeneratorScope(c10::Device device);
+  ~DefaultGeneratorScope();
+  DefaultGeneratorScope(const DefaultGeneratorScope&) = delete;
+  DefaultGeneratorScope& operator=(const DefaultGeneratorScope&) = delete;
+
+ private:
+  at::Generator device_;
+  at::Generator cpu_saved_;
+};
+
 }  // namespace {{ cookiecutter.device }}::runtime
