@@ -95,7 +95,7 @@ def new_backend(
                 )
             tx = Transaction(rendered)
             added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in manifest["default_ops"]]
-            _write_registration(project, tx)
+            _write_registration(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
     result = NewResult(dest, names, added, built=False, tested=False, backup=backup)
@@ -174,26 +174,27 @@ class AddOpsResult:
     tested: bool = False
 
 
-def _registration_text(project: Project) -> str:
-    return kernelgen.render_registration(project.registrations, device=project.device)
+def _registration_text(project: Project, db: OpDB) -> str:
+    fallbacks = kernelgen.structured_fallbacks(db, lambda op: project.covering(op) is not None)
+    return kernelgen.render_registration(project.registrations, device=project.device, fallbacks=fallbacks)
 
 
-def _check_registration(project: Project) -> bool:
+def _check_registration(project: Project, db: OpDB) -> bool:
     """Whether the registration file must be (re)written; refuses to touch one edited by hand."""
     path = project.root / REGISTRATION_FILE
     if not path.exists():
-        return bool(project.registrations)
+        return True
     text = path.read_text(errors="replace")
     if not kernelgen.is_pristine_registration(text):
         raise ProjectError(
             f"{REGISTRATION_FILE} was edited by hand and backendgen rewrites it; move your own registrations "
             "to a file of yours, then delete it and run the command again"
         )
-    return text != _registration_text(project)
+    return text != _registration_text(project, db)
 
 
-def _write_registration(project: Project, tx: Transaction) -> None:
-    tx.write(project.root / REGISTRATION_FILE, _registration_text(project))
+def _write_registration(project: Project, db: OpDB, tx: Transaction) -> None:
+    tx.write(project.root / REGISTRATION_FILE, _registration_text(project, db))
 
 
 def _paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
@@ -287,7 +288,7 @@ def add_ops(
             plans, result.unchanged = plan_ops(names, project, db)
             for plan in plans:
                 result.notes.extend(plan.notes)
-            rewrite_registration = _check_registration(project)
+            rewrite_registration = _check_registration(project, db)
         if not plans and not rewrite_registration:
             return result
         if dry_run:
@@ -303,7 +304,7 @@ def add_ops(
                 if so is not None:
                     tx.touch_file(so)  # a rollback also restores the built extension
                 result.added = [_write_op(project, db, plan, tx) for plan in plans]
-                _write_registration(project, tx)
+                _write_registration(project, db, tx)
                 tx.write(project.metadata_path, project_metadata_text(project))
                 result.files = [p for p in tx.written if p.exists() and p != so]
             if build_it:
@@ -372,6 +373,8 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
             continue
         if project is not None and project.covering(op.qualified) is not None:
             status = "native"
+        elif op.structured_delegate:  # its out= form is not native: it falls back whole (kernelgen.structured_fallbacks)
+            status = "fallback"
         elif op.composite_implicit:
             status = "composite"
         elif op.needs_backend_kernel:

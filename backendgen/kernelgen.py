@@ -337,15 +337,26 @@ def registration_entry(plan: KernelPlan, *, device: str, op: Op | None = None) -
 _SEAL = "// backendgen sha256: "
 
 
-def render_registration(entries: list[dict], *, device: str) -> str:
-    """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator.
+def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = ()) -> str:
+    """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator,
+    and the CPU fallback registered by name for `fallbacks` (see structured_fallbacks).
 
     The last line seals the file with the hash of the rest, so that a later run can tell a file it
     may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
     """
     entries = sorted(entries, key=lambda e: e["name"])
-    text = _env().get_template("registration.cpp.j2").render(device=device, entries=entries)
+    text = _env().get_template("registration.cpp.j2").render(device=device, entries=entries, fallbacks=sorted(fallbacks))
     return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
+
+
+def structured_fallbacks(db: OpDB, is_native) -> list[str]:
+    """The functional and in-place overloads of structured operators whose out= overload is not
+    native (`is_native(qualified_name)`): registered to the CPU fallback under their own names, they
+    run whole on the CPU as they do there. Otherwise PyTorch's default kernel for them allocates the
+    result on the device and calls the out= overload through the fallback, running the meta function
+    twice and warning where the CPU does not ("An output with one or more elements was resized")."""
+    return sorted(name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
+                  for name in names)
 
 
 def is_pristine_registration(text: str) -> bool:

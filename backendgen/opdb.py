@@ -269,6 +269,11 @@ class OpDB:
         """The overloads whose structured_delegate is `target` (add.Tensor and add_.Tensor for add.out)."""
         return [self._op(name) for name in self._delegating.get(target.name, [])]
 
+    def structured_families(self) -> dict[str, list[str]]:
+        """Each structured out= overload's name -> the overloads that run through it (their
+        structured_delegate): {"add.out": ["add.Tensor", "add_.Tensor"], ...}."""
+        return {out: list(names) for out, names in self._delegating.items()}
+
     def get(self, name: str) -> Op | None:
         m = _OP_NAME.match(name.strip()) if len(name) <= 200 else None
         if not m:

@@ -132,3 +132,12 @@ def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(d
     cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, legacy=True)
     assert cat.setup[:2] == ["at::Tensor tensors_first = tensors.size() ? *tensors.begin() : at::Tensor();",
                              "const c10::Device run_on = kernels::device_of(tensors_first);"]
+
+
+def test_structured_operators_without_a_native_out_form_fall_back_whole(db):
+    fallbacks = kernelgen.structured_fallbacks(db, {"aten::add.out"}.__contains__)
+    assert {"mse_loss", "sin", "sin_", "mul.Tensor", "mul_.Tensor"} <= set(fallbacks)
+    assert "add.Tensor" not in fallbacks and "add_.Tensor" not in fallbacks  # add.out is native: they use it
+    assert not [name for name in fallbacks if name.endswith("out")]  # out= forms reach the boxed fallback anyway
+    text = kernelgen.render_registration([], device="npu", fallbacks=fallbacks)
+    assert 'm.impl("mse_loss", cpu());' in text and "makeFromBoxedFunction<&npu::fallback::run_on_cpu>" in text

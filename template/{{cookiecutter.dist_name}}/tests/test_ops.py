@@ -108,7 +108,7 @@ def test_fallback_runs_counts_and_warns(mod):
     d = x.to(DEVICE)
     mod.reset_fallback_counts()
     torch.testing.assert_close(torch.sin(d).cpu(), torch.sin(x))
-    assert mod.fallback_counts().get("aten::sin.out", 0) >= 1
+    assert mod.fallback_counts().get("aten::sin", 0) >= 1  # sin.Tensor is structured: it falls back whole
     mod.reset_fallback_counts()
     mod.set_fallback_warning(True)
     try:

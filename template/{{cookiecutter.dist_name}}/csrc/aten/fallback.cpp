@@ -342,6 +342,10 @@ struct Timed {
   }
 };
 
+}  // namespace
+
+// The boxed fallback: registered for every operator below, and by name for the functional forms of
+// structured operators (csrc/aten/ops/generated/registration.cpp).
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.operator_name());
   count_call(name);
@@ -357,8 +361,6 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t returns = op.schema().returns().size();
   for (size_t i = stack->size() - returns; i < stack->size(); ++i) (*stack)[i] = staging.to_device((*stack)[i]);
 }
-
-}  // namespace
 
 std::vector<std::pair<std::string, Stat>> stats() {
   Counters& c = counters();
