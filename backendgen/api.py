@@ -175,7 +175,9 @@ class AddOpsResult:
 
 
 def _registration_text(project: Project, db: OpDB) -> str:
-    fallbacks = kernelgen.structured_fallbacks(db, lambda op: project.covering(op) is not None)
+    fallbacks = []  # before template 5, fallback.cpp keeps run_on_cpu to itself
+    if project.template_version >= 5:
+        fallbacks = kernelgen.structured_fallbacks(db, lambda op: project.covering(op) is not None)
     return kernelgen.render_registration(project.registrations, device=project.device, fallbacks=fallbacks)
 
 
@@ -244,7 +246,7 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
     plans, unchanged, seen = [], [], set()
     for name in names:
         # a project from template 1 has a kernel_support.h without the helpers newer kernels use
-        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=project.data.get("template_version") == "1")
+        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=project.template_version == 1)
         target = plan.target.qualified
         rec = project.covering(target)
         if rec is not None:

@@ -94,6 +94,14 @@ class Project:
         return self.data["package"]
 
     @property
+    def template_version(self) -> int:
+        """The template the project was generated from (template/template.json); 1 if unrecorded."""
+        try:
+            return int(self.data.get("template_version", 1))
+        except (TypeError, ValueError):
+            return 1
+
+    @property
     def torch_version(self) -> str:
         return self.data["torch"]["version"]
 

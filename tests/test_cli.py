@@ -247,3 +247,20 @@ def test_a_malformed_registration_record_cannot_inject_code(rendered_project, tm
     (root / "backendgen.json").write_text(json.dumps(meta))
     out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
     assert out.returncode == 2 and "registration of aten::mul.out is malformed" in out.stderr
+
+
+def test_a_project_from_an_older_template_gets_a_registration_file_it_can_link(rendered_project, tmp_path):
+    """Before template 5, fallback.cpp keeps its boxed kernel to itself: the registration file of
+    such a project must not name it (the link would fail), whatever the current template does."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    reg = root / "csrc/aten/ops/generated/registration.cpp"
+    assert "fallback::run_on_cpu" in reg.read_text()
+    meta = json.loads((root / "backendgen.json").read_text())
+    meta["template_version"] = "4"
+    (root / "backendgen.json").write_text(json.dumps(meta))
+    reg.unlink()
+    out = run_cli("add-op", "abs.out", "--no-build", cwd=root)
+    assert out.returncode == 0, out.stderr
+    text = reg.read_text()
+    assert 'm.impl("abs.out"' in text and "run_on_cpu" not in text
