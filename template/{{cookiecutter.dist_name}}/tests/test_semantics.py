@@ -171,3 +171,15 @@ def test_fallback_reports_calls_and_time(mod):
     calls, seconds = mod.fallback_stats()["aten::erf"]  # structured: erf falls back whole, not erf.out
     assert calls == 3 and seconds > 0
     assert mod.fallback_counts()["aten::erf"] == 3
+
+
+def test_an_efficient_zero_tensor_from_the_cpu_becomes_device_zeros():
+    # autograd's formula for sgn on real numbers returns an efficient zero tensor (no memory)
+    x = torch.randn(5, device=DEVICE, requires_grad=True)
+    x.sgn().sum().backward()
+    assert x.grad.device.type == DEVICE and torch.equal(x.grad.cpu(), torch.zeros(5))
+
+
+def test_a_result_of_another_layout_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="supports strided tensors only.*Sparse"):
+        torch.ones(3, 3, device=DEVICE).to_sparse()

@@ -122,7 +122,7 @@ bool declares_write(const c10::Argument& arg) {
 
 class Staging {
  public:
-  Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack) : stack_(stack) {
+  Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack) : stack_(stack), op_name_(op.schema().name()) {
     const auto& args = op.schema().arguments();
     begin_ = stack->size() - args.size();
     for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], declares_write(args[i]), &Staging::note);
@@ -220,6 +220,7 @@ class Staging {
   }
 
   torch::jit::Stack* stack_;
+  const std::string& op_name_;
   size_t begin_ = 0, next_ = 0;
   std::deque<StagedStorage> storages_;
   std::vector<StagedTensor> tensors_;
@@ -264,6 +265,8 @@ void Staging::write_back() {
 c10::IValue Staging::to_device(const c10::IValue& v) {
   auto one = [&](const at::Tensor& h) -> at::Tensor {
     if (!h.defined() || on_device(h)) return h;
+    TORCH_CHECK(h.layout() == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only, but the CPU kernel of ",
+                op_name_, " returned a ", h.layout(), " tensor");
     for (const StagedTensor& st : tensors_) {
       if (st.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return st.device;  // in-place, out=
     }
@@ -280,8 +283,10 @@ c10::IValue Staging::to_device(const c10::IValue& v) {
       const size_t n = h.storage().nbytes();
       c10::Storage fresh = new_device_storage(n, device());
       if (n > 0) {
-        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), h.storage().data(), n,
-                                                       driver::CopyKind::host_to_device));
+        // an efficient zero tensor (autograd's zeros) has no memory: the device gets real zeros
+        std::vector<char> zeros(h.storage().data() == nullptr ? n : 0);
+        const void* src = zeros.empty() ? h.storage().data() : zeros.data();
+        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), src, n, driver::CopyKind::host_to_device));
       }
       it = new_results_.emplace(key, std::move(fresh)).first;
     }
