@@ -120,7 +120,7 @@ def new(
         con.print("next steps:")
         con.print(f"  cd {res.root}")
         if not res.built:
-            con.print("  pip install --no-build-isolation -e .")
+            con.print("  pip install --no-build-isolation -e \".[test]\"")
         con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
         con.print("  backendgen add-op aten::abs.out      # add a native kernel")
         con.print("  backendgen build --test              # after editing a kernel")

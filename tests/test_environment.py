@@ -15,7 +15,7 @@ import pytest
 
 from backendgen import api, build, opdb
 from backendgen.errors import EnvironmentProblem
-from conftest import read_only, unique_device
+from conftest import read_only, run_cli, unique_device
 
 
 def test_torch_missing(monkeypatch):
@@ -43,6 +43,98 @@ def test_no_ninja(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no ninja beside it either
     with pytest.raises(EnvironmentProblem, match="ninja is not installed; pip install ninja"):
         build.check_toolchain()
+
+
+@pytest.mark.parametrize("tool", build.TEST_TOOLS)
+def test_a_missing_test_tool_is_named_not_reported_as_failing_tests(monkeypatch, rendered_project, tmp_path, tool):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tool else real(name, *a))
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    with pytest.raises(EnvironmentProblem, match=rf"^{tool} is not installed in this Python .*; pip install {tool}$"):
+        build.run_tests(root)
+    assert not (root / "build").exists()  # pytest never ran
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".backendgen.lock"}
+    with pytest.raises(EnvironmentProblem, match=f"^{tool} is not installed"):
+        api.add_ops(["abs.out"], root)  # refused before writing or compiling anything
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".backendgen.lock"} == before
+
+
+def test_a_missing_test_tool_is_one_line_from_the_cli(rendered_project, tmp_path):
+    """The real command, in a Python where pytest cannot be found."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    script = ("import importlib.util as u, sys; real = u.find_spec\n"
+              "u.find_spec = lambda name, *a: None if name == 'pytest' else real(name, *a)\n"
+              "from backendgen.cli import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error: pytest is not installed") and line.endswith("pip install pytest")
+    assert "Traceback" not in out.stderr and "tests failed" not in out.stderr
+    assert not (root / "csrc/aten/ops/abs.cpp").exists()
+
+
+def test_a_plain_install_has_what_the_generated_tests_import(rendered_project):
+    """backendgen's own requirements (no extra) and the generated project's `test` extra, which its
+    README and CI install, both name every tool the generated tests import besides torch."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    plain = {Requirement(r).name for r in importlib.metadata.requires("backendgen") if "extra" not in r}
+    assert set(build.TEST_TOOLS) <= plain
+    extra = tomllib.loads((rendered_project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert set(build.TEST_TOOLS) <= {Requirement(r).name for r in extra}
+    command = 'pip install --no-build-isolation -e ".[test]"'
+    assert command in (rendered_project / "README.md").read_text()
+    assert command in (rendered_project / ".github/workflows/ci.yml").read_text()
+
+
+@pytest.fixture
+def tiny_install(tmp_path):
+    """A real editable install (pip's own files) of a tiny package with the dist name a device's
+    project would have: no extension, no entry point. Yields (device, dist name, its directory)."""
+    from backendgen import naming
+
+    device = unique_device("inst")
+    dist = naming.derive(device, None).dist_name
+    src = tmp_path / "elsewhere"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=70"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{dist}"\nversion = "0.1.0"\n[tool.setuptools]\npy-modules = []\n'
+    )
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(src)], check=True,
+                   capture_output=True)
+    yield device, dist, src
+    subprocess.run([*pip, "uninstall", "-y", "-q", dist], capture_output=True)
+
+
+def _installed(dist: str) -> bool:
+    return subprocess.run([sys.executable, "-m", "pip", "show", "-q", dist], capture_output=True).returncode == 0
+
+
+def test_an_install_whose_directory_is_gone_is_replaced(tiny_install, tmp_path):
+    """After a failed `new` the user deletes the project and runs `new` again: the editable install
+    left behind points at nothing, so `new` removes it and says so."""
+    device, dist, src = tiny_install
+    shutil.rmtree(src)
+    out = run_cli("new", device, "-o", str(tmp_path / "again"), "--no-build")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"note: uninstalled {dist}: it was installed (editable) from {src}, which no longer exists" in out.stdout
+    assert not _installed(dist)
+    assert (tmp_path / "again" / "backendgen.json").is_file()
+
+
+def test_an_install_from_another_directory_that_exists_is_refused(tiny_install, tmp_path):
+    device, dist, src = tiny_install
+    out = run_cli("new", device, "-o", str(tmp_path / "other"), "--no-build")
+    assert out.returncode == 2
+    assert f"error: {dist} is already installed in this environment (from {src}); pip uninstall {dist}" in out.stderr
+    assert _installed(dist) and not (tmp_path / "other").exists()
 
 
 def test_project_for_another_torch(rendered_project, tmp_path):
