@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import signal
@@ -149,6 +150,39 @@ def test_project_for_another_torch(rendered_project, tmp_path):
         api.add_ops(["abs.out"], root, build_it=False)
 
 
+def _processes_under(pid: int) -> list[str]:
+    """The command names (/proc/PID/comm) of every process descended from `pid`."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        children.setdefault(int(rest[1]), []).append((int(stat.parent.name), comm))
+    names, todo = [], [pid]
+    while todo:
+        for child, comm in children.get(todo.pop(), []):
+            names.append(comm)
+            todo.append(child)
+    return names
+
+
+def _wait_for_a_compiler_under(proc: subprocess.Popen, deadline_s: float = 600) -> None:
+    """Wait until the C++ compiler proper (cc1plus) runs under `proc`: the event the interrupt is
+    meant for. Fail, saying so, if `proc` ends first or the deadline passes (a machine so busy that
+    no compile started in `deadline_s`)."""
+    deadline = time.monotonic() + deadline_s
+    while "cc1plus" not in _processes_under(proc.pid):
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"add-op ended (exit {proc.returncode}) before a compiler was seen running under it, so "
+                        f"there was no build to interrupt:\n{out}{err}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no compiler started under add-op within {deadline_s:.0f} s")
+        time.sleep(0.05)
+
+
 def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, tmp_path):
     """SIGINT while add-op compiles: exit 130 and every file as before (nothing was installed yet)."""
     root = tmp_path / "p"
@@ -159,14 +193,18 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
                 and p.name != ".backendgen.lock" and "egg-info" not in str(p)}
 
     before = files()
+    # without ccache, so that the compiler really runs (a cache hit could finish the build at once)
     proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (root / "build" / "backendgen-build.log").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"))
+    try:
+        _wait_for_a_compiler_under(proc)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
     assert files() == before
