@@ -196,14 +196,14 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
     # without ccache, so that the compiler really runs (a cache hit could finish the build at once)
     proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"))
+                            env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"), start_new_session=True)
     try:
         _wait_for_a_compiler_under(proc)
     except BaseException:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: every process of the command gets it
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
