@@ -41,6 +41,7 @@ class NewResult:
     built: bool
     tested: bool
     backup: Path | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def new_backend(
@@ -65,14 +66,21 @@ def new_backend(
         dest = Path(output) if output is not None else Path.cwd() / names.dist_name
         dest = dest.absolute()
         render.check_destination(dest, force=force)
-        _check_not_installed_elsewhere(names, dest)
+        stale = _check_not_installed_elsewhere(names, dest)
         info = torch_info()
         _check_torch_supported(info.version)
         if build_it:
             build.check_toolchain()
             build.check_installable()
             _check_no_other_backend(names.dist_name)
+            if test_it:
+                build.check_test_tools()
         db = load_opdb(info)
+        notes = []
+        if stale is not None:
+            build.uninstall(names.dist_name)
+            notes.append(f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, "
+                         "which no longer exists")
     with rep.step("render"):
         manifest = render.template_manifest()
         context = {
@@ -98,7 +106,7 @@ def new_backend(
             _write_registration(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
-    result = NewResult(dest, names, added, built=False, tested=False, backup=backup)
+    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes)
     if build_it:
         with rep.step("build"):
             build.build(dest, names.package, names.dist_name, incremental=False)
@@ -134,18 +142,26 @@ def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dic
     }
 
 
-def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> None:
+def _check_not_installed_elsewhere(names: naming.Names, dest: Path) -> Path | None:
+    """Refuse when the project's distribution is installed from elsewhere; return the directory of a
+    stale editable install (one whose directory is gone, e.g. deleted after a failed `new`), which
+    `new` replaces."""
     import importlib.metadata
 
     try:
         importlib.metadata.distribution(names.dist_name)
     except importlib.metadata.PackageNotFoundError:
-        return
-    if not build.installed_from(dest, names.dist_name):
-        raise UserError(
-            f"{names.dist_name} is already installed in this environment (from another directory); "
-            f"pip uninstall {names.dist_name}, use another device name, or another --package"
-        )
+        return None
+    if build.installed_from(dest, names.dist_name):
+        return None
+    source = build.editable_source(names.dist_name)
+    if source is not None and not source.exists():
+        return source
+    where = f"from {source}" if source is not None else "not from this directory"
+    raise UserError(
+        f"{names.dist_name} is already installed in this environment ({where}); "
+        f"pip uninstall {names.dist_name}, use another device name, or another --package"
+    )
 
 
 def _check_no_other_backend(dist_name: str) -> None:
@@ -288,6 +304,8 @@ def add_ops(
                     "run backendgen check and follow docs/upgrading.md first"
                 )
             plans, result.unchanged = plan_ops(names, project, db)
+            if plans and build_it and test_it and not dry_run:
+                build.check_test_tools()
             for plan in plans:
                 result.notes.extend(plan.notes)
             rewrite_registration = _check_registration(project, db)
@@ -406,6 +424,8 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
     if test_it or not build.installed_from(project.root, project.data["dist_name"]):
         _check_no_other_backend(project.data["dist_name"])  # its tests, or the install, would break
+    if test_it:
+        build.check_test_tools()
     with project.lock():
         with rep.step("build"):
             outcome = build.build_project(project.root, project.package, project.data["dist_name"], allow_fast=not full)

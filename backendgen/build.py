@@ -366,8 +366,9 @@ class BuildRecord:
                 tmp.unlink(missing_ok=True)
 
 
-def installed_from(root: Path, dist_name: str) -> bool:
-    """Whether an editable install of the project at `root` is what this Python imports."""
+def editable_source(dist_name: str) -> Path | None:
+    """The directory an editable install of `dist_name` in this Python points at (None: not
+    installed, or not an editable install of a local directory). It may no longer exist."""
     import importlib.metadata
     from urllib.parse import unquote, urlparse
 
@@ -375,11 +376,43 @@ def installed_from(root: Path, dist_name: str) -> bool:
         dist = importlib.metadata.distribution(dist_name)
         info = json.loads(dist.read_text("direct_url.json") or "{}")
     except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
-    url = urlparse(info.get("url", ""))
-    if url.scheme != "file" or not info.get("dir_info", {}).get("editable"):
-        return False
-    return Path(unquote(url.path)).resolve() == root.resolve()
+        return None
+    url = urlparse(info.get("url", "")) if isinstance(info, dict) else None
+    if url is None or url.scheme != "file" or not info.get("dir_info", {}).get("editable"):
+        return None
+    return Path(unquote(url.path))
+
+
+def installed_from(root: Path, dist_name: str) -> bool:
+    """Whether an editable install of the project at `root` is what this Python imports."""
+    source = editable_source(dist_name)
+    return source is not None and source.resolve() == root.resolve()
+
+
+def uninstall(dist_name: str) -> None:
+    """`pip uninstall -y dist_name` in this Python."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", dist_name], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env=_env())
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise EnvironmentProblem(f"could not uninstall {dist_name} ({why}); run {sys.executable} -m pip uninstall {dist_name}")
+
+
+# what a generated project's tests import besides torch (torch's OpInfo database needs numpy and expecttest)
+TEST_TOOLS = ("pytest", "numpy", "expecttest")
+
+
+def check_test_tools() -> None:
+    """Fail, naming the module and the command, when this Python lacks what the generated tests need
+    (without importing any of it: a missing tool must not look like a failing test)."""
+    import importlib.util
+
+    missing = [name for name in TEST_TOOLS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise EnvironmentProblem(
+            f"{missing[0]} is not installed in this Python ({sys.executable}) and the generated tests need it; "
+            f"pip install {' '.join(missing)}"
+        )
 
 
 _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
@@ -405,6 +438,7 @@ def _raise_if_tests_failed(returncode: int, log: Path) -> None:
 
 def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test") -> Path:
     """Run the project's pytest suite (or `paths` in it); raise TestFailure naming failed tests."""
+    check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     proc = _run([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *(paths or ["tests"])], root, log, _test_env())
     _raise_if_tests_failed(proc.returncode, log)
@@ -443,6 +477,7 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     generated operator tests' OpInfo database: ~5 s of their run), at a lower priority than the
     compiler; the tests themselves start when the function is called, after the build succeeded.
     Leaving the block without calling it (a failed build, Ctrl-C) stops the process."""
+    check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = _test_env()

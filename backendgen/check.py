@@ -403,21 +403,21 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     return report
 
 
-def render_report(report: CheckReport, console) -> None:
-    from rich.table import Table
+def render_report(report: CheckReport, out) -> None:
+    """Show the report through `out` (a backendgen.output.Output): findings are outside text."""
+    from backendgen.output import styled
 
     colors = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
-    table = Table("area", "", "subject", "finding", box=None, show_lines=False)
+    rows = []
     for f in report.findings:
         if f.severity == "ok" and f.area == "schema" and f.detail.get("kind") == "unchanged":
             continue  # one line per changed op is enough; unchanged ones are counted below
-        table.add_row(f.area, f"[{colors[f.severity]}]{f.severity}[/]", f.subject, f.message)
+        rows.append([f.area, styled(f.severity, colors[f.severity]), f.subject, f.message])
     unchanged = sum(1 for f in report.of("schema") if f.detail.get("kind") == "unchanged")
     if unchanged:
-        table.add_row("schema", "[green]ok[/]", f"{unchanged} operators", "schemas unchanged")
-    console.print(table)
+        rows.append(["schema", styled("ok", "green"), f"{unchanged} operators", "schemas unchanged"])
+    out.table(["area", "", "subject", "finding"], rows)
     if "native_ops" in report.coverage:
-        console.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
-        console.print(f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"]))
-    color = "red" if report.exit_code else "green"
-    console.print(f"\n[bold {color}]{report.verdict}[/]")
+        out.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
+        out.print(f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"]))
+    out.print("\n", styled(report.verdict, "bold " + ("red" if report.exit_code else "green")))

@@ -27,16 +27,17 @@ app = typer.Typer(
 _state = {"debug": False, "quiet": False}
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
+def _out(stderr: bool = False):
+    """Where every line of the CLI goes (backendgen.output: outside text is shown verbatim)."""
+    from backendgen.output import Output
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    return Output(stderr=stderr)
 
 
 def _reporter():
     from backendgen.progress import ConsoleReporter
 
-    return ConsoleReporter(_console(), quiet=_state["quiet"])
+    return ConsoleReporter(_out(), quiet=_state["quiet"])
 
 
 def _handles_errors(fn):
@@ -51,18 +52,20 @@ def _handles_errors(fn):
         except BackendgenError as e:
             if _state["debug"]:
                 raise
-            err = _console(stderr=True)
-            err.print(f"[red]error:[/red] {e}", markup=True)
+            from backendgen.output import styled
+
+            err = _out(stderr=True)
+            err.print(styled("error:", "red"), " ", str(e))
             if getattr(e, "hint", None):
-                err.print(f"  {e.hint}")
+                err.print("  ", e.hint)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            _console(stderr=True).print("interrupted; nothing was left half-written")
+            _out(stderr=True).print("interrupted; nothing was left half-written")
             raise typer.Exit(130) from None
         except Exception as e:  # a bug in backendgen: say so in one line
             if _state["debug"]:
                 raise
-            _console(stderr=True).print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+            _out(stderr=True).print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
             raise typer.Exit(1) from None
 
     return wrapper
@@ -104,16 +107,20 @@ def new(
         name, output, package=package, devices=devices, build_it=not no_build, test_it=not no_test, force=force,
         reporter=_reporter(),
     )
-    con = _console()
+    from backendgen.output import styled
+
+    con = _out()
+    for note in res.notes:
+        con.print(f"note: {note}")
     if res.backup:
         con.print(f"the previous project was moved to {res.backup}")
     state = "built and tested" if res.tested else "built" if res.built else "rendered (not built)"
-    con.print(f"[bold green]{res.names.device}[/bold green] backend {state} in {res.root}")
+    con.print(styled(res.names.device, "bold green"), f" backend {state} in {res.root}")
     if not _state["quiet"]:
         con.print("next steps:")
         con.print(f"  cd {res.root}")
         if not res.built:
-            con.print("  pip install --no-build-isolation -e .")
+            con.print("  pip install --no-build-isolation -e \".[test]\"")
         con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
         con.print("  backendgen add-op aten::abs.out      # add a native kernel")
         con.print("  backendgen build --test              # after editing a kernel")
@@ -137,7 +144,9 @@ def add_op(
         ops, project, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
         reporter=_reporter(),
     )
-    con = _console()
+    from backendgen.output import styled
+
+    con = _out()
     for note in res.notes:
         con.print(f"note: {note}")
     for op in res.unchanged:
@@ -149,7 +158,7 @@ def add_op(
         con.print("nothing to do")
     if res.added and not dry_run:
         state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
-        con.print(f"[green]{', '.join(res.added)}[/green]: {state}")
+        con.print(styled(", ".join(res.added), "green"), f": {state}")
 
 
 @app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
@@ -166,7 +175,9 @@ def build_cmd(
     res = api.build_backend(project, test_it=test, full=full, reporter=_reporter())
     how = res.how + (f": {res.why_full}" if res.why_full else "")
     state = "built and tested" if res.tested else "built"
-    _console().print(f"[green]{state}[/green] ({how}); log: {res.log.relative_to(res.root)}")
+    from backendgen.output import styled
+
+    _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
 @app.command("ops", short_help="List operators: native, CPU fallback or a default kernel.")
@@ -177,17 +188,14 @@ def ops_cmd(
     required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
 ):
     """List operators and, for this project, whether each is native, falls back to CPU, or has a default kernel."""
-    from rich.table import Table
-
     from backendgen import api
+    from backendgen.output import styled
 
     rows = api.list_ops(pattern, project, required=required)
-    table = Table("operator", "status", "core", box=None)
     colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim"}
-    for r in rows:
-        table.add_row(r.name, f"[{colors[r.status]}]{r.status}[/]", "core" if r.core else "")
-    con = _console()
-    con.print(table)
+    con = _out()
+    con.table(["operator", "status", "core"],
+              ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows))
     con.print(f"{len(rows)} operators")
 
 
@@ -215,7 +223,7 @@ def check(
     else:
         from backendgen.check import render_report
 
-        render_report(report, _console())
+        render_report(report, _out())
     raise typer.Exit(report.exit_code)
 
 

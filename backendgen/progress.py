@@ -24,11 +24,13 @@ class Reporter:
 
 
 class ConsoleReporter(Reporter):
-    def __init__(self, console, quiet: bool = False):
-        self.console = console
+    def __init__(self, out, quiet: bool = False):
+        self.out = out  # a backendgen.output.Output
         self.quiet = quiet
 
     def step_done(self, name, seconds, ok):
+        from backendgen.output import styled
+
         if not self.quiet or not ok:
-            mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
-            self.console.print(f"{mark} {name} [dim]{seconds:.1f} s[/dim]", highlight=False)
+            mark = styled("✓", "green") if ok else styled("✗", "red")
+            self.out.print(mark, f" {name} ", styled(f"{seconds:.1f} s", "dim"))

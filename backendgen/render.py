@@ -71,8 +71,13 @@ def render_into(staging: Path, context: dict[str, str]) -> Path:
     cache = bytecode_cache()
     if cache is not None:  # cookiecutter passes these to its jinja2 Environment
         ctx["cookiecutter"]["_jinja2_env_vars"] = {"bytecode_cache": cache}
-    out = generate_files(repo_dir=str(tpl), context=ctx, output_dir=str(staging), overwrite_if_exists=False)
-    return Path(out)
+    # cookiecutter renders the whole output path as a jinja template: it writes through a link
+    # whose path is backendgen's own, so the user's path is never read as one ({{, {%, a CR)
+    with tempfile.TemporaryDirectory(prefix="backendgen-") as tmp:
+        link = Path(tmp) / "out"
+        link.symlink_to(staging, target_is_directory=True)
+        out = generate_files(repo_dir=str(tpl), context=ctx, output_dir=str(link), overwrite_if_exists=False)
+    return staging / Path(out).relative_to(link)
 
 
 def bytecode_cache():

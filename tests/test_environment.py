@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import signal
@@ -15,7 +16,7 @@ import pytest
 
 from backendgen import api, build, opdb
 from backendgen.errors import EnvironmentProblem
-from conftest import read_only, unique_device
+from conftest import read_only, run_cli, unique_device
 
 
 def test_torch_missing(monkeypatch):
@@ -45,6 +46,98 @@ def test_no_ninja(monkeypatch, tmp_path):
         build.check_toolchain()
 
 
+@pytest.mark.parametrize("tool", build.TEST_TOOLS)
+def test_a_missing_test_tool_is_named_not_reported_as_failing_tests(monkeypatch, rendered_project, tmp_path, tool):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tool else real(name, *a))
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    with pytest.raises(EnvironmentProblem, match=rf"^{tool} is not installed in this Python .*; pip install {tool}$"):
+        build.run_tests(root)
+    assert not (root / "build").exists()  # pytest never ran
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".backendgen.lock"}
+    with pytest.raises(EnvironmentProblem, match=f"^{tool} is not installed"):
+        api.add_ops(["abs.out"], root)  # refused before writing or compiling anything
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".backendgen.lock"} == before
+
+
+def test_a_missing_test_tool_is_one_line_from_the_cli(rendered_project, tmp_path):
+    """The real command, in a Python where pytest cannot be found."""
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    script = ("import importlib.util as u, sys; real = u.find_spec\n"
+              "u.find_spec = lambda name, *a: None if name == 'pytest' else real(name, *a)\n"
+              "from backendgen.cli import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error: pytest is not installed") and line.endswith("pip install pytest")
+    assert "Traceback" not in out.stderr and "tests failed" not in out.stderr
+    assert not (root / "csrc/aten/ops/abs.cpp").exists()
+
+
+def test_a_plain_install_has_what_the_generated_tests_import(rendered_project):
+    """backendgen's own requirements (no extra) and the generated project's `test` extra, which its
+    README and CI install, both name every tool the generated tests import besides torch."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    plain = {Requirement(r).name for r in importlib.metadata.requires("backendgen") if "extra" not in r}
+    assert set(build.TEST_TOOLS) <= plain
+    extra = tomllib.loads((rendered_project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert set(build.TEST_TOOLS) <= {Requirement(r).name for r in extra}
+    command = 'pip install --no-build-isolation -e ".[test]"'
+    assert command in (rendered_project / "README.md").read_text()
+    assert command in (rendered_project / ".github/workflows/ci.yml").read_text()
+
+
+@pytest.fixture
+def tiny_install(tmp_path):
+    """A real editable install (pip's own files) of a tiny package with the dist name a device's
+    project would have: no extension, no entry point. Yields (device, dist name, its directory)."""
+    from backendgen import naming
+
+    device = unique_device("inst")
+    dist = naming.derive(device, None).dist_name
+    src = tmp_path / "elsewhere"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=70"]\nbuild-backend = "setuptools.build_meta"\n'
+        f'[project]\nname = "{dist}"\nversion = "0.1.0"\n[tool.setuptools]\npy-modules = []\n'
+    )
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(src)], check=True,
+                   capture_output=True)
+    yield device, dist, src
+    subprocess.run([*pip, "uninstall", "-y", "-q", dist], capture_output=True)
+
+
+def _installed(dist: str) -> bool:
+    return subprocess.run([sys.executable, "-m", "pip", "show", "-q", dist], capture_output=True).returncode == 0
+
+
+def test_an_install_whose_directory_is_gone_is_replaced(tiny_install, tmp_path):
+    """After a failed `new` the user deletes the project and runs `new` again: the editable install
+    left behind points at nothing, so `new` removes it and says so."""
+    device, dist, src = tiny_install
+    shutil.rmtree(src)
+    out = run_cli("new", device, "-o", str(tmp_path / "again"), "--no-build")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"note: uninstalled {dist}: it was installed (editable) from {src}, which no longer exists" in out.stdout
+    assert not _installed(dist)
+    assert (tmp_path / "again" / "backendgen.json").is_file()
+
+
+def test_an_install_from_another_directory_that_exists_is_refused(tiny_install, tmp_path):
+    device, dist, src = tiny_install
+    out = run_cli("new", device, "-o", str(tmp_path / "other"), "--no-build")
+    assert out.returncode == 2
+    assert f"error: {dist} is already installed in this environment (from {src}); pip uninstall {dist}" in out.stderr
+    assert _installed(dist) and not (tmp_path / "other").exists()
+
+
 def test_project_for_another_torch(rendered_project, tmp_path):
     import json
 
@@ -57,6 +150,39 @@ def test_project_for_another_torch(rendered_project, tmp_path):
         api.add_ops(["abs.out"], root, build_it=False)
 
 
+def _processes_under(pid: int) -> list[str]:
+    """The command names (/proc/PID/comm) of every process descended from `pid`."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        children.setdefault(int(rest[1]), []).append((int(stat.parent.name), comm))
+    names, todo = [], [pid]
+    while todo:
+        for child, comm in children.get(todo.pop(), []):
+            names.append(comm)
+            todo.append(child)
+    return names
+
+
+def _wait_for_a_compiler_under(proc: subprocess.Popen, deadline_s: float = 600) -> None:
+    """Wait until the C++ compiler proper (cc1plus) runs under `proc`: the event the interrupt is
+    meant for. Fail, saying so, if `proc` ends first or the deadline passes (a machine so busy that
+    no compile started in `deadline_s`)."""
+    deadline = time.monotonic() + deadline_s
+    while "cc1plus" not in _processes_under(proc.pid):
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"add-op ended (exit {proc.returncode}) before a compiler was seen running under it, so "
+                        f"there was no build to interrupt:\n{out}{err}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no compiler started under add-op within {deadline_s:.0f} s")
+        time.sleep(0.05)
+
+
 def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, tmp_path):
     """SIGINT while add-op compiles: exit 130 and every file as before (nothing was installed yet)."""
     root = tmp_path / "p"
@@ -67,14 +193,18 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
                 and p.name != ".backendgen.lock" and "egg-info" not in str(p)}
 
     before = files()
+    # without ccache, so that the compiler really runs (a cache hit could finish the build at once)
     proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (root / "build" / "backendgen-build.log").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"), start_new_session=True)
+    try:
+        _wait_for_a_compiler_under(proc)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: every process of the command gets it
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
     assert files() == before
