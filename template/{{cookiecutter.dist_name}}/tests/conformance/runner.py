@@ -33,6 +33,7 @@ import argparse
 import fnmatch
 import json
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -54,6 +55,10 @@ DEFAULT_TIMEOUT = 60.0
 
 class BadInput(Exception):
     pass
+
+
+class WorkerFailed(Exception):
+    """A worker could not even start (the backend does not import, say)."""
 
 
 # --- workers -------------------------------------------------------------------------------------
@@ -163,7 +168,7 @@ def run_jobs(dtypes: list[str], patterns: list[str], variants: list[str], sample
                     if w.job is not None:
                         record(w, "crash", w.death(), None)
                     elif not w.ready:
-                        raise RuntimeError(f"a worker failed to start: {w.death()}")
+                        raise WorkerFailed(f"a worker failed to start: {w.death()}")
                     retire(w)
                     continue
                 for msg in w.lines(data):
@@ -285,7 +290,7 @@ def main(argv=None) -> int:
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except expectations.ListError as e:
+    except (expectations.ListError, WorkerFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -304,13 +309,17 @@ def _supervise(args) -> int:
 
     torch_version = version("torch")
     start = time.monotonic()
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     results, ops = run_jobs(dtypes, args.patterns, variants, args.samples, args.workers, args.timeout,
                             ROOT / "build" / "conformance", progress=lambda n: None)
     seconds = time.monotonic() - start
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     judgement = expectations.judge(results, entries, torch_version)
     code = judgement.exit_code(args.strict)
     head = (f"conformance of {DEVICE} against the CPU: {ops} OpInfos, dtypes {', '.join(dtypes)}, "
-            f"{args.samples} samples per variant, {args.workers} workers, torch {torch_version}, {seconds:.1f} s")
+            f"{args.samples} samples per variant, {args.workers} workers, torch {torch_version}, {seconds:.1f} s "
+            f"(workers' CPU time {cpu:.1f} s)")
     summary = summary_lines(judgement, variants, dtypes)
     failures = failure_lines(judgement)
     n_fail = len(judgement.of("fail"))
@@ -327,7 +336,7 @@ def _supervise(args) -> int:
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps({
-            "exit_code": code, "seconds": round(seconds, 1), "ops": ops, "dtypes": dtypes, "variants": variants,
+            "exit_code": code, "seconds": round(seconds, 1), "worker_cpu_seconds": round(cpu, 1), "ops": ops, "dtypes": dtypes, "variants": variants,
             "samples": args.samples, "workers": args.workers, "torch": torch_version,
             "head": head, "summary": summary, "failures": failures, "tail": tail,
             "counts": [{"variant": var, "dtype": dt, **c} for (var, dt), c in judgement.counts().items()],
