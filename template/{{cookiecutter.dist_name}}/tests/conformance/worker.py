@@ -243,12 +243,23 @@ def _tensors(tree):
 def _seeded(fn, device_run: bool):
     """Run `fn` with the generators seeded: the CPU's with SEED for the CPU run; for the device
     run the device's with SEED and the CPU's with another seed, so a random operator on the
-    device must draw from the device's generator to draw what the CPU drew."""
+    device must draw from the device's generator to draw what the CPU drew. Many random OpInfos
+    seed for themselves (`torch.manual_seed(42)`, which seeds every generator alike): during the
+    device run `torch.manual_seed` keeps that asymmetry too."""
     torch.default_generator.manual_seed(OTHER_SEED if device_run else SEED)
     getattr(torch, DEVICE).manual_seed(SEED)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn()
+    real_manual_seed = torch.manual_seed
+    if device_run:
+        def manual_seed(seed):
+            getattr(torch, DEVICE).manual_seed(int(seed))
+            return torch.default_generator.manual_seed(int(seed) + OTHER_SEED)
+        torch.manual_seed = manual_seed
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = fn()
+    finally:
+        torch.manual_seed = real_manual_seed
     return result, {_one_line(w.message, 200) for w in caught}
 
 
