@@ -176,7 +176,7 @@ def test_cmd(
     opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
     patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 2].")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
     workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
     write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "expected_failures.json"
 VARIANTS = expectations.VARIANTS
-DEFAULT_SAMPLES = 2
+DEFAULT_SAMPLES = 3
 DEFAULT_TIMEOUT = 60.0
 
 
