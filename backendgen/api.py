@@ -3,6 +3,7 @@
     new_backend("mychip", Path("torch-mychip"))      # render, build, test
     add_ops(["aten::mul.Tensor"], Path("torch-mychip"))
     build_backend(Path("torch-mychip"))               # rebuild after an edit
+    test_backend(Path("torch-mychip"), opinfo=True)   # its tests and the OpInfo conformance suite
     list_ops("mul*", Path("torch-mychip"))
     check(Path("torch-mychip"))
 """
@@ -434,6 +435,54 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
             with rep.step("test"):
                 build.run_tests(project.root)
             result.tested = True
+    return result
+
+
+# --- test --------------------------------------------------------------------------------------
+
+@dataclass
+class TestResult:
+    __test__ = False  # not a pytest test class
+
+    root: Path
+    tests_log: Path | None = None
+    tests_failure: str | None = None  # why the project's tests failed (None: they passed)
+    suite: object | None = None  # conformance.SuiteResult, with opinfo
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.tests_failure or (self.suite is not None and not self.suite.ok) else 0
+
+
+def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, patterns: list[str] | None = None,
+                 dtypes: list[str] | None = None, samples: int | None = None, workers: int | None = None,
+                 strict: bool = False, write_expected: Path | None = None,
+                 reporter: Reporter | None = None) -> TestResult:
+    """Run the project's tests and, with `opinfo`, its conformance suite (backendgen.conformance).
+    Failures are in the result (exit_code 1); bad arguments raise UserError."""
+    from backendgen import conformance
+    from backendgen.errors import TestFailure
+
+    rep = reporter or Reporter()
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    if build.extension_path(project.root, project.package) is None:
+        raise ProjectError(f"{project.root} is not built yet; run backendgen build --project {project.root}")
+    _check_no_other_backend(project.data["dist_name"])
+    if not opinfo and (patterns or dtypes or samples is not None or workers is not None or strict or write_expected):
+        raise UserError("-k, --dtype, --samples, --workers, --strict and --write-expected select the conformance suite: add --opinfo")
+    result = TestResult(project.root)
+    with project.lock():
+        if opinfo:  # first: it checks its arguments before anything runs
+            with rep.step("conformance"):
+                result.suite = conformance.run_suite(
+                    project.root, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+                    write_expected=write_expected,
+                )
+        with rep.step("test"):
+            try:
+                result.tests_log = build.run_tests(project.root)
+            except TestFailure as e:
+                result.tests_failure, result.tests_log = str(e), e.log
     return result
 
 

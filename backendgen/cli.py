@@ -180,6 +180,38 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
+@app.command("test", short_help="Run the project's tests and, with --opinfo, the OpInfo conformance suite.")
+@_handles_errors
+def test_cmd(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
+    patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
+    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
+    write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
+):
+    """Run the project's tests and, with --opinfo, its conformance suite: one summary line per
+    variant and dtype, then the first unexpected failure of each op."""
+    from backendgen import api
+
+    res = api.test_backend(
+        project, opinfo=opinfo, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+        write_expected=write_expected, reporter=_reporter(),
+    )
+    con = _console()
+    if res.suite is not None:
+        for line in [res.suite.head, *res.suite.summary, *res.suite.failures, res.suite.tail, *res.suite.notes]:
+            con.print(line, markup=False)
+        con.print(f"conformance log: {res.suite.log}", markup=False)
+    if res.tests_failure:
+        con.print(f"project tests: {res.tests_failure}", markup=False)
+    else:
+        con.print(f"project tests: passed (log: {res.tests_log})", markup=False)
+    raise typer.Exit(res.exit_code)
+
+
 @app.command("ops", short_help="List operators: native, CPU fallback or a default kernel.")
 @_handles_errors
 def ops_cmd(
