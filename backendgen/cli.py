@@ -200,15 +200,15 @@ def test_cmd(
         project, opinfo=opinfo, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
         write_expected=write_expected, reporter=_reporter(),
     )
-    con = _console()
+    out = _out()
     if res.suite is not None:
         for line in [res.suite.head, *res.suite.summary, *res.suite.failures, res.suite.tail, *res.suite.notes]:
-            con.print(line, markup=False)
-        con.print(f"conformance log: {res.suite.log}", markup=False)
+            out.print(line)
+        out.print(f"conformance log: {res.suite.log}")
     if res.tests_failure:
-        con.print(f"project tests: {res.tests_failure}", markup=False)
+        out.print(f"project tests: {res.tests_failure}")
     else:
-        con.print(f"project tests: passed (log: {res.tests_log})", markup=False)
+        out.print(f"project tests: passed (log: {res.tests_log})")
     raise typer.Exit(res.exit_code)
 
 
