@@ -226,7 +226,7 @@ def check(
 )
 @_handles_errors
 def profile_cmd(
-    script: Annotated[Path, typer.Argument(help="The Python script to run (options of backendgen profile go before it).")],
+    script: Annotated[Path, typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it).")],
     args: Annotated[Optional[list[str]], typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")] = False,
