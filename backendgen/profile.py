@@ -87,7 +87,8 @@ os._exit = _os_exit
 if hasattr(_mod, "reset_fallback_counts"):
     _mod.reset_fallback_counts()
 sys.argv = [_script] + sys.argv[4:]
-sys.path[0] = os.path.dirname(os.path.abspath(_script))
+if sys.path and sys.path[0] == "":  # `python SCRIPT` puts the script's directory there (not with -P)
+    sys.path[0] = os.path.dirname(os.path.abspath(_script))
 _state["start"] = time.perf_counter()
 _status = 0
 try:

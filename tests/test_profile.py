@@ -190,8 +190,10 @@ def test_a_script_that_fails_still_gets_its_profile_and_its_arguments(installed,
 
 
 def test_json_report_parses_and_keeps_the_scripts_stdout_apart(installed, tmp_path):
-    script = tmp_path / "s.py"
-    script.write_text(FAILING)
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "s.py"
+    script.write_text("import helper  # beside the script, as `python scripts/s.py` finds it\n" + FAILING)
+    (tmp_path / "scripts" / "helper.py").write_text("")
     out = run_cli("profile", "--json", "--project", str(installed), str(script), _device(installed),
                   str(tmp_path / "argv.json"), "return", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
