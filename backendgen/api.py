@@ -6,6 +6,7 @@
     test_backend(Path("torch-mychip"), opinfo=True)   # its tests and the OpInfo conformance suite
     list_ops("mul*", Path("torch-mychip"))
     check(Path("torch-mychip"))
+    profile(Path("train.py"), ["--epochs", "1"], Path("torch-mychip"))  # what ran on the CPU fallback
 """
 
 from __future__ import annotations
@@ -493,3 +494,52 @@ def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bo
 
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
     return check_project(project, strict=strict, list_ops=list_ops)
+
+
+# --- profile -----------------------------------------------------------------------------------
+
+def profile(script: Path, args: list[str] | None = None, project_dir: Path | None = None, *,
+            stdout_to_stderr: bool = False):
+    """Run `script` (with `args`) on the project's backend and return what ran on the CPU fallback,
+    ranked, with the `backendgen add-op` argument for each operator (a `profile.ProfileResult`).
+
+    The script's output goes where this process's goes (`stdout_to_stderr`: its stdout to stderr,
+    to keep stdout for a machine-readable report). A script that fails still gets its profile: its
+    exit status is in the result."""
+    from backendgen import profile as prof
+
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    script = Path(script)
+    if not script.exists():
+        raise UserError(f"no such script: {script}")
+    if script.is_dir() and not (script / "__main__.py").is_file():
+        raise UserError(f"{script} is a directory without __main__.py, not a script")
+    prof.check_installed(project)
+    status, data = prof.run(script, list(args or []), project.device, stdout_to_stderr=stdout_to_stderr)
+    if data is not None and data.get("error") == "import":
+        raise EnvironmentProblem(f"import torch failed in the script's process: {data.get('detail')}")
+    if data is not None and data.get("error") == "not_loaded":
+        raise ProjectError(
+            f"`import torch` did not load the {project.device} backend (torch.{project.device} is missing; see the "
+            f"warning above, if any); rebuild it: backendgen build --project {project.root}"
+        )
+    result = prof.ProfileResult(project.root, project.device, script, list(args or []), status, None, collected=False)
+    if data is None or "stats" not in data:
+        detail = f": {data['detail']}" if data and data.get("detail") else ""
+        result.notes.append(f"the script {prof.status_text(status)} before its profile could be collected{detail}")
+        return result
+    result.collected = True
+    result.seconds = data["seconds"]
+    db = load_opdb()
+    result.entries = prof.analyze(data["stats"], db, project)
+    result.command = prof.add_op_command(result.targets, project.root if project_dir is not None else None)
+    if db.torch_version != project.torch_version:
+        result.notes.append(
+            f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed: "
+            "add-op refuses until the project is upgraded (backendgen check, docs/upgrading.md)"
+        )
+    if any(e.seconds is None for e in result.entries):
+        result.notes.append("this backend counts fallback calls but not their time (a project from an older template)")
+    if status != 0:
+        result.notes.append(f"the script {prof.status_text(status)}; the profile covers what ran until then")
+    return result

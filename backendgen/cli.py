@@ -259,6 +259,71 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
+@app.command(
+    "profile",
+    short_help="Run a script; rank the operators that ran on the CPU fallback, with add-op commands.",
+    context_settings={"allow_interspersed_args": False},  # everything after SCRIPT is the script's
+)
+@_handles_errors
+def profile_cmd(
+    script: Annotated[Path, typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it).")],
+    args: Annotated[Optional[list[str]], typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")] = False,
+):
+    """Run SCRIPT [ARGS...] with this Python and the project's backend loaded (as `python SCRIPT ARGS`
+    would), then list the operators that ran on the CPU fallback, ranked by time and calls, each
+    with the `backendgen add-op` argument that makes it native, and one command that adds them all.
+    Exits 1 if the script failed (its profile is still shown)."""
+    import json
+
+    from backendgen import api
+
+    res = api.profile(script, args or [], project, stdout_to_stderr=json_out)
+    if json_out:
+        typer.echo(json.dumps(res.to_json(), indent=2))
+    else:
+        _print_profile(res, _out())
+    if res.exit_status != 0:
+        raise typer.Exit(1)
+
+
+def _print_profile(res, printer) -> None:
+    """The profile as a table; operator names and paths are outside text (the output module shows them verbatim)."""
+    def out(text: str = "") -> None:
+        printer.print(text)
+
+    for note in res.notes:
+        out(f"note: {note}")
+    if not res.collected:
+        return
+    if not res.entries:
+        out(f"no operator ran on the CPU fallback ({res.script} ran {res.seconds:.2f} s)")
+        return
+    total = res.fallback_seconds
+    spent = f"{total:.3f} s, {100 * total / res.seconds:.1f}% of the {res.seconds:.2f} s the script ran" if total is not None and res.seconds else f"the script ran {res.seconds:.2f} s"
+    calls = sum(e.calls for e in res.entries)
+    out(f"CPU fallback: {len(res.entries)} operators, {calls} calls ({spent}):")
+    rows = [("calls", "seconds", "share", "operator", "backendgen add-op")]
+    for e in res.entries:
+        share = res.share(e)
+        make_native = e.target if e.reason is None else f"- ({e.reason})"
+        rows.append((
+            str(e.calls),
+            "-" if e.seconds is None else f"{e.seconds:.4f}",
+            "-" if share is None else f"{100 * share:.1f}%",
+            " + ".join(e.names),
+            make_native,
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        out("  " + "  ".join([r[0].rjust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3].ljust(widths[3]), r[4]]).rstrip())
+    if res.command:
+        out()
+        out("to make them native:")
+        out(f"  {res.command}")
+
+
 def main() -> None:
     try:
         app()
