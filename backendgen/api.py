@@ -195,7 +195,7 @@ class AddOpsResult:
 def _registration_text(project: Project, db: OpDB) -> str:
     fallbacks = []  # before template 5, fallback.cpp keeps run_on_cpu to itself
     if project.template_version >= 5:
-        fallbacks = kernelgen.structured_fallbacks(db, lambda op: project.covering(op) is not None)
+        fallbacks = kernelgen.fallback_registrations(db, lambda op: project.covering(op) is not None)
     return kernelgen.render_registration(project.registrations, device=project.device, fallbacks=fallbacks)
 
 
@@ -395,8 +395,8 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
             continue
         if project is not None and project.covering(op.qualified) is not None:
             status = "native"
-        elif op.structured_delegate:  # its out= form is not native: it falls back whole (kernelgen.structured_fallbacks)
-            status = "fallback"
+        elif op.structured_delegate or {"CPU", "CompositeExplicitAutograd"} <= set(op.dispatch_keys):
+            status = "fallback"  # registered to the fallback by name (kernelgen.fallback_registrations)
         elif op.composite_implicit:
             status = "composite"
         elif op.needs_backend_kernel:

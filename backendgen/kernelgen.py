@@ -339,7 +339,7 @@ _SEAL = "// backendgen sha256: "
 
 def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = ()) -> str:
     """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator,
-    and the CPU fallback registered by name for `fallbacks` (see structured_fallbacks).
+    and the CPU fallback registered by name for `fallbacks` (see fallback_registrations).
 
     The last line seals the file with the hash of the rest, so that a later run can tell a file it
     may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
@@ -349,14 +349,22 @@ def render_registration(entries: list[dict], *, device: str, fallbacks: list[str
     return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
 
 
-def structured_fallbacks(db: OpDB, is_native) -> list[str]:
-    """The functional and in-place overloads of structured operators whose out= overload is not
-    native (`is_native(qualified_name)`): registered to the CPU fallback under their own names, they
-    run whole on the CPU as they do there. Otherwise PyTorch's default kernel for them allocates the
-    result on the device and calls the out= overload through the fallback, running the meta function
-    twice and warning where the CPU does not ("An output with one or more elements was resized")."""
-    return sorted(name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
-                  for name in names)
+def fallback_registrations(db: OpDB, is_native) -> list[str]:
+    """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
+    kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
+
+    - the functional and in-place overloads of structured operators whose out= overload is not
+      native. Otherwise PyTorch's default kernel for them allocates the result on the device and
+      calls the out= overload through the fallback, running the meta function twice and warning
+      where the CPU does not ("An output with one or more elements was resized");
+    - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
+      addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
+      numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
+      last-bit difference in the mean)."""
+    structured = [name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
+                  for name in names]
+    composite = [name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")]
+    return sorted(set(structured + composite))
 
 
 def is_pristine_registration(text: str) -> bool:

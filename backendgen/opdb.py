@@ -274,6 +274,15 @@ class OpDB:
         structured_delegate): {"add.out": ["add.Tensor", "add_.Tensor"], ...}."""
         return {out: list(names) for out, names in self._delegating.items()}
 
+    def with_kernels_for(self, *keys: str) -> list[str]:
+        """Names of the overloads that have a kernel for every one of `keys` (dispatch key names)."""
+        out = []
+        for name, op in self._ops.items():
+            have = op["dispatch_keys"] if isinstance(op, dict) else op.dispatch_keys
+            if all(k in have for k in keys):
+                out.append(name)
+        return out
+
     def get(self, name: str) -> Op | None:
         m = _OP_NAME.match(name.strip()) if len(name) <= 200 else None
         if not m:
