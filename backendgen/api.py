@@ -14,21 +14,20 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, build, kernelgen, naming, render
+from backendgen import __version__, build, kernelgen, naming, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
 from backendgen.project import METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
 
-SUPPORTED_TORCH = ("2.13",)
 
-
-def _check_torch_supported(version: str) -> None:
-    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_TORCH):
-        raise EnvironmentProblem(
-            f"torch {version} is not supported by this backendgen (supported: {', '.join(SUPPORTED_TORCH)}.x); "
-            "pip install torch==2.13.0"
-        )
+def _torch_note(version: str, rep: Reporter) -> str | None:
+    """Apply the support policy (backendgen.support): refuse a torch older than the minimum; for one
+    that is not a tested release, report a note (once, before the work starts) and return it."""
+    note = support.torch_support(version).note
+    if note:
+        rep.note(note)
+    return note
 
 
 # --- new ---------------------------------------------------------------------------------------
@@ -41,6 +40,7 @@ class NewResult:
     built: bool
     tested: bool
     backup: Path | None = None
+    torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
 def new_backend(
@@ -67,7 +67,7 @@ def new_backend(
         render.check_destination(dest, force=force)
         _check_not_installed_elsewhere(names, dest)
         info = torch_info()
-        _check_torch_supported(info.version)
+        torch_note = _torch_note(info.version, rep)
         if build_it:
             build.check_toolchain()
             build.check_installable()
@@ -98,7 +98,7 @@ def new_backend(
             _write_registration(project, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
-    result = NewResult(dest, names, added, built=False, tested=False, backup=backup)
+    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, torch_note=torch_note)
     if build_it:
         with rep.step("build"):
             build.build(dest, names.package, names.dist_name, incremental=False)
@@ -172,6 +172,7 @@ class AddOpsResult:
     notes: list[str] = field(default_factory=list)
     built: bool = False
     tested: bool = False
+    torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
 def _registration_text(project: Project) -> str:
@@ -279,6 +280,7 @@ def add_ops(
     with project.lock():
         with rep.step("resolve"):
             db = load_opdb()
+            result.torch_note = _torch_note(db.torch_version, rep)
             if db.torch_version != project.torch_version:
                 raise ProjectError(
                     f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed; "

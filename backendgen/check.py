@@ -25,7 +25,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen import __version__
+from backendgen import __version__, support
+from backendgen.errors import EnvironmentProblem
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 
@@ -215,6 +216,17 @@ def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
         report.add("versions", "warning", "torch",
                    f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, then rebuild",
                    recorded=recorded, installed=db.torch_version)
+    try:
+        policy = support.torch_support(db.torch_version)
+    except EnvironmentProblem as e:
+        report.add("versions", "error", "support", str(e), kind="too_old")
+    else:
+        if policy.tested:
+            report.add("versions", "ok", "support", f"torch {db.torch_version} is a tested release", kind="tested")
+        else:
+            report.add("versions", "info", "support",
+                       f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
+                       "the findings below say what differs from the torch the project was made for", kind="untested")
     made_with = project.data.get("backendgen_version", "?")
     sev = "ok" if made_with == __version__ else "info"
     report.add("versions", sev, "backendgen",
