@@ -138,6 +138,7 @@ class CheckReport:
     strict: bool
     findings: list[Finding] = field(default_factory=list)
     coverage: dict = field(default_factory=dict)
+    accepted: dict | None = None  # set by `check --accept` (api.check): what backendgen.json now records
 
     def add(self, area: str, severity: str, subject: str, message: str, **detail) -> None:
         assert severity in SEVERITIES
@@ -173,6 +174,7 @@ class CheckReport:
             "warnings": self.warnings,
             "findings": [asdict(f) for f in self.findings],
             "coverage": self.coverage,
+            "accepted": self.accepted,
         }
 
 
