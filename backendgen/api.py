@@ -2,9 +2,10 @@
 
     new_backend("mychip", Path("torch-mychip"))      # render, build, test
     add_ops(["aten::mul.Tensor"], Path("torch-mychip"))
+    remove_ops(["aten::mul.out"], Path("torch-mychip"))   # kernel, test, registration, record
     build_backend(Path("torch-mychip"))               # rebuild after an edit
     list_ops("mul*", Path("torch-mychip"))
-    check(Path("torch-mychip"))
+    check(Path("torch-mychip"))                       # accept=True: record the installed torch
 """
 
 from __future__ import annotations

@@ -416,6 +416,7 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
 
 
 def render_report(report: CheckReport, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     colors = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
@@ -423,7 +424,8 @@ def render_report(report: CheckReport, console) -> None:
     for f in report.findings:
         if f.severity == "ok" and f.area == "schema" and f.detail.get("kind") == "unchanged":
             continue  # one line per changed op is enough; unchanged ones are counted below
-        table.add_row(f.area, f"[{colors[f.severity]}]{f.severity}[/]", f.subject, f.message)
+        # subjects and messages quote loader messages, paths and schemas: text, not markup
+        table.add_row(f.area, f"[{colors[f.severity]}]{f.severity}[/]", escape(f.subject), escape(f.message))
     unchanged = sum(1 for f in report.of("schema") if f.detail.get("kind") == "unchanged")
     if unchanged:
         table.add_row("schema", "[green]ok[/]", f"{unchanged} operators", "schemas unchanged")

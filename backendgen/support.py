@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from backendgen.errors import EnvironmentProblem
 
-TESTED = ("2.13.0", "2.14.1")
+TESTED = ("2.13.0", "2.14.1", "2.15.0")
 MINIMUM = "2.13.0"
 
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
