@@ -1,7 +1,8 @@
 """`backendgen check`: is a generated backend still right for the installed torch?
 
 Five areas, one finding per line:
-- versions   the torch the project was generated for against the installed one;
+- versions   the torch the project was generated for against the installed one, and whether the
+             installed one is a tested release (backendgen/support.py);
 - schema     every registered operator's schema against the installed torch (canonical strings
              from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
              short-circuited when `native_functions.yaml` has the recorded hash;
@@ -216,7 +217,8 @@ def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
         report.add("versions", "ok", "torch", f"generated for and running on torch {recorded}")
     else:
         report.add("versions", "warning", "torch",
-                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, then rebuild",
+                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
+                   "then backendgen check --accept",
                    recorded=recorded, installed=db.torch_version)
     try:
         policy = support.torch_support(db.torch_version)
