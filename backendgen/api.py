@@ -2,10 +2,11 @@
 
     new_backend("mychip", Path("torch-mychip"))      # render, build, test
     add_ops(["aten::mul.Tensor"], Path("torch-mychip"))
+    remove_ops(["aten::mul.out"], Path("torch-mychip"))   # kernel, test, registration, record
     build_backend(Path("torch-mychip"))               # rebuild after an edit
     test_backend(Path("torch-mychip"), opinfo=True)   # its tests and the OpInfo conformance suite
     list_ops("mul*", Path("torch-mychip"))
-    check(Path("torch-mychip"))
+    check(Path("torch-mychip"))                       # accept=True: record the installed torch
     profile(Path("train.py"), ["--epochs", "1"], Path("torch-mychip"))  # what ran on the CPU fallback
 """
 
@@ -16,21 +17,20 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, build, kernelgen, naming, render
+from backendgen import __version__, build, kernelgen, naming, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
 from backendgen.project import METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
 
-SUPPORTED_TORCH = ("2.13",)
 
-
-def _check_torch_supported(version: str) -> None:
-    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_TORCH):
-        raise EnvironmentProblem(
-            f"torch {version} is not supported by this backendgen (supported: {', '.join(SUPPORTED_TORCH)}.x); "
-            "pip install torch==2.13.0"
-        )
+def _torch_note(version: str, rep: Reporter) -> str | None:
+    """Apply the support policy (backendgen.support): refuse a torch older than the minimum; for one
+    that is not a tested release, report a note (once, before the work starts) and return it."""
+    note = support.torch_support(version).note
+    if note:
+        rep.note(note)
+    return note
 
 
 # --- new ---------------------------------------------------------------------------------------
@@ -44,6 +44,7 @@ class NewResult:
     tested: bool
     backup: Path | None = None
     notes: list[str] = field(default_factory=list)
+    torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
 def new_backend(
@@ -70,7 +71,7 @@ def new_backend(
         render.check_destination(dest, force=force)
         stale = _check_not_installed_elsewhere(names, dest)
         info = torch_info()
-        _check_torch_supported(info.version)
+        torch_note = _torch_note(info.version, rep)
         if build_it:
             build.check_toolchain()
             build.check_installable()
@@ -108,7 +109,8 @@ def new_backend(
             _write_registration(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
-    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes)
+    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes,
+                       torch_note=torch_note)
     if build_it:
         with rep.step("build"):
             build.build(dest, names.package, names.dist_name, incremental=False)
@@ -190,6 +192,7 @@ class AddOpsResult:
     notes: list[str] = field(default_factory=list)
     built: bool = False
     tested: bool = False
+    torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
 def _registration_text(project: Project, db: OpDB) -> str:
@@ -300,6 +303,7 @@ def add_ops(
     with project.lock():
         with rep.step("resolve"):
             db = load_opdb()
+            result.torch_note = _torch_note(db.torch_version, rep)
             if db.torch_version != project.torch_version:
                 raise ProjectError(
                     f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed; "
@@ -354,6 +358,97 @@ def add_ops(
                     )
             else:
                 tx.rollback()
+            raise
+    return result
+
+
+# --- remove-op ---------------------------------------------------------------------------------
+
+@dataclass
+class RemoveOpsResult:
+    root: Path
+    removed: list[str] = field(default_factory=list)  # qualified ops whose kernel is gone
+    files: list[Path] = field(default_factory=list)  # deleted kernel and test files
+    backups: list[Path] = field(default_factory=list)  # copies of edited files removed with force
+
+
+def _records_named(project: Project, name: str) -> list[OpRecord]:
+    """The records `name` designates: an operator as recorded, requested or covered ("aten::abs.out",
+    "abs"), or a bare name for every overload recorded under it. Works for operators the
+    installed torch no longer has (that is when a kernel is removed most often)."""
+    bare = name.strip().removeprefix("aten::")
+    qualified = f"aten::{bare}"
+    found = [r for r in project.ops if qualified in (r.op, r.requested, *r.covers)]
+    if not found and "." not in bare:
+        found = [r for r in project.ops if r.op.removeprefix("aten::").split(".")[0] == bare]
+    return found
+
+
+def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool = False) -> RemoveOpsResult:
+    """Remove kernels that add-op wrote: the kernel file, its test, their records in
+    backendgen.json and their lines in the generated registration file, in one transaction.
+    A kernel file edited since add-op wrote it is refused unless `force`, which keeps a copy
+    beside it (`<file>.removed-<time>`). Nothing is rebuilt: removing a kernel is often a step
+    of an upgrade, when the project does not build yet; `backendgen build` follows."""
+    import shutil
+    import time
+
+    if not names:
+        raise UserError("name at least one operator, e.g. aten::cholesky")
+    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    result = RemoveOpsResult(project.root)
+    with project.lock():
+        sources: dict[str, list[OpRecord]] = {}
+        for name in names:
+            found = _records_named(project, name)
+            if not found:
+                native = sorted(r.op for r in project.ops if r.origin == "add-op")
+                raise ProjectError(
+                    f"{name!r} has no kernel in this project"
+                    + (f" (kernels added with add-op: {', '.join(native)})" if native else " (no kernel was added with add-op)")
+                )
+            for rec in found:
+                if rec.origin != "add-op":
+                    raise ProjectError(
+                        f"{rec.op} is part of the template ({rec.source}), not a kernel add-op wrote; edit that file instead"
+                    )
+                sources.setdefault(rec.source, [])
+        for rec in project.ops:  # every kernel of a removed file: a structured op's functional too
+            if rec.source in sources:
+                sources[rec.source].append(rec)
+        db = load_opdb()
+        _check_registration(project, db)  # refuses a registration file edited by hand
+        edited = [src for src, recs in sources.items() if (project.root / src).exists()
+                  and any(r.source_sha256 and r.source_sha256 != sha256_of(project.root / src) for r in recs)]
+        if edited and not force:
+            raise ProjectError(
+                f"{', '.join(edited)} changed since add-op wrote it; pass --force to remove it anyway "
+                "(a copy is kept beside it)"
+            )
+        tx = Transaction(project.root)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        try:
+            with _writes(project.root, "the project was left as it was"):
+                for src, recs in sources.items():
+                    tests = {r.test for r in recs if r.test}
+                    for rel in [src, *sorted(tests)]:
+                        path = project.root / rel
+                        if not path.exists():
+                            continue
+                        if src in edited:
+                            backup = path.with_name(f"{path.name}.removed-{stamp}")
+                            tx.touch_file(backup)  # a rollback removes the copy again
+                            shutil.copy2(path, backup)
+                            result.backups.append(backup)
+                        tx.remove(path)
+                        result.files.append(path)
+                    for rec in recs:
+                        project.remove_op(rec.op)
+                        result.removed.append(rec.op)
+                _write_registration(project, db, tx)  # the installed torch's: remove-op is an upgrade step
+                tx.write(project.metadata_path, project_metadata_text(project))
+        except BaseException:
+            tx.rollback()
             raise
     return result
 
@@ -489,11 +584,53 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, patte
 
 # --- check -------------------------------------------------------------------------------------
 
-def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bool = False):
+def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bool = False, accept: bool = False):
+    """Check the project against the installed torch. With `accept`, a check without errors (and
+    without warnings under `strict`) then records that the project targets the installed torch:
+    its version, its native_functions.yaml hash, and the schemas and C++ signatures of the
+    operators that changed only in names (report.accepted says what; add-op works again)."""
     from backendgen.check import check_project
 
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
-    return check_project(project, strict=strict, list_ops=list_ops)
+    if not accept:
+        return check_project(project, strict=strict, list_ops=list_ops)
+    with project.lock():
+        report = check_project(project, strict=strict, list_ops=list_ops)
+        if report.exit_code == 0:
+            report.accepted = _accept(project, load_opdb())
+    return report
+
+
+def _accept(project: Project, db: OpDB) -> dict:
+    from backendgen.check import signature_types
+
+    before = dict(project.data["torch"])
+    updated = []
+    for rec in project.ops:
+        op = db.get(rec.op)
+        if op is None or signature_types(op.signature) != signature_types(rec.signature):
+            raise ProjectError(f"{rec.op} does not fit the installed torch; run backendgen check")  # check said it does
+        overloads = [o.qualified for o in db.overloads(op.base)] if rec.overloads else rec.overloads
+        if (rec.schema, rec.signature, rec.overloads) != (op.qualified_schema, op.signature, overloads):
+            rec.schema, rec.signature, rec.overloads = op.qualified_schema, op.signature, overloads
+            project.add_op(rec)
+            updated.append(rec.op)
+    project.data["torch"] = {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256}
+    changed = project.data["torch"] != before or bool(updated)
+    # the registration file names operators of the installed torch (kernelgen.fallback_registrations)
+    rewrite = _check_registration(project, db)
+    if changed or rewrite:
+        tx = Transaction(project.root)
+        try:
+            with _writes(project.root, "backendgen.json was left as it was"):
+                if rewrite:
+                    _write_registration(project, db, tx)
+                tx.write(project.metadata_path, project_metadata_text(project))
+        except BaseException:
+            tx.rollback()
+            raise
+    return {"changed": changed or rewrite, "from": before["version"], "to": db.torch_version, "updated_ops": sorted(updated),
+            "rebuild": rewrite}
 
 
 # --- profile -----------------------------------------------------------------------------------

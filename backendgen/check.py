@@ -1,7 +1,8 @@
 """`backendgen check`: is a generated backend still right for the installed torch?
 
 Five areas, one finding per line:
-- versions   the torch the project was generated for against the installed one;
+- versions   the torch the project was generated for against the installed one, and whether the
+             installed one is a tested release (backendgen/support.py);
 - schema     every registered operator's schema against the installed torch (canonical strings
              from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
              short-circuited when `native_functions.yaml` has the recorded hash;
@@ -25,7 +26,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen import __version__
+from backendgen import __version__, support
+from backendgen.errors import EnvironmentProblem
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 
@@ -139,6 +141,7 @@ class CheckReport:
     strict: bool
     findings: list[Finding] = field(default_factory=list)
     coverage: dict = field(default_factory=dict)
+    accepted: dict | None = None  # set by `check --accept` (api.check): what backendgen.json now records
 
     def add(self, area: str, severity: str, subject: str, message: str, **detail) -> None:
         assert severity in SEVERITIES
@@ -174,6 +177,7 @@ class CheckReport:
             "warnings": self.warnings,
             "findings": [asdict(f) for f in self.findings],
             "coverage": self.coverage,
+            "accepted": self.accepted,
         }
 
 
@@ -215,8 +219,20 @@ def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
         report.add("versions", "ok", "torch", f"generated for and running on torch {recorded}")
     else:
         report.add("versions", "warning", "torch",
-                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, then rebuild",
+                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
+                   "then backendgen check --accept",
                    recorded=recorded, installed=db.torch_version)
+    try:
+        policy = support.torch_support(db.torch_version)
+    except EnvironmentProblem as e:
+        report.add("versions", "error", "support", str(e), kind="too_old")
+    else:
+        if policy.tested:
+            report.add("versions", "ok", "support", f"torch {db.torch_version} is a tested release", kind="tested")
+        else:
+            report.add("versions", "info", "support",
+                       f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
+                       "the findings below say what differs from the torch the project was made for", kind="untested")
     made_with = project.data.get("backendgen_version", "?")
     sev = "ok" if made_with == __version__ else "info"
     report.add("versions", sev, "backendgen",

@@ -161,6 +161,26 @@ def add_op(
         con.print(styled(", ".join(res.added), "green"), f": {state}")
 
 
+@app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
+@_handles_errors
+def remove_op(
+    ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out.")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")] = False,
+):
+    """Remove the kernel file, its test, its registration and its record for each operator, in one
+    transaction; e.g. for an operator the installed torch removed. Rebuild afterwards (backendgen build)."""
+    from backendgen import api
+
+    res = api.remove_ops(ops, project, force=force)
+    out = _out()
+    for f in res.files:
+        out.print(f"removed {f.relative_to(res.root)}")
+    for b in res.backups:
+        out.print(f"kept a copy of your edited file: {b.relative_to(res.root)}")
+    out.print(f"{', '.join(res.removed)}: removed; rebuild with `backendgen build`")
+
+
 @app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
 @_handles_errors
 def build_cmd(
@@ -238,6 +258,7 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
     ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
+    accept: Annotated[bool, typer.Option("--accept", help="If the check passes, record that the project now targets the installed torch.")] = False,
 ):
     """Check the backend against the installed torch: schema drift, APIs, the built extension, coverage."""
     import json
@@ -249,13 +270,24 @@ def check(
         import threading
 
         threading.Thread(target=importlib.import_module, args=("rich.table",), daemon=True).start()
-    report = api.check(project, strict=strict, list_ops=ops)
+    report = api.check(project, strict=strict, list_ops=ops, accept=accept)
     if json_out:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         from backendgen.check import render_report
 
-        render_report(report, _out())
+        out = _out()
+        render_report(report, out)
+        if accept and report.accepted is None:
+            out.print("not accepted: fix the errors above first (docs/upgrading.md)")
+        elif accept and not report.accepted["changed"]:
+            out.print(f"nothing to accept: backendgen.json already targets torch {report.accepted['to']}")
+        elif accept:
+            acc = report.accepted
+            names = f"; recorded the new schemas of {', '.join(acc['updated_ops'])}" if acc["updated_ops"] else ""
+            out.print(f"accepted: backendgen.json now targets torch {acc['to']} (was {acc['from']}){names}")
+            if acc.get("rebuild"):
+                out.print("rewrote csrc/aten/ops/generated/registration.cpp for this torch: rebuild (backendgen build)")
     raise typer.Exit(report.exit_code)
 
 

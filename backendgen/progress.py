@@ -12,6 +12,9 @@ class Reporter:
     def step_done(self, name: str, seconds: float, ok: bool) -> None:
         pass
 
+    def note(self, text: str) -> None:
+        """Something the user should know that is not an error (e.g. an untested torch)."""
+
     @contextlib.contextmanager
     def step(self, name: str):
         start = time.monotonic()
@@ -27,6 +30,10 @@ class ConsoleReporter(Reporter):
     def __init__(self, out, quiet: bool = False):
         self.out = out  # a backendgen.output.Output
         self.quiet = quiet
+
+    def note(self, text):
+        if not self.quiet:
+            self.console.print(f"note: {text}", markup=False, highlight=False)
 
     def step_done(self, name, seconds, ok):
         from backendgen.output import styled

@@ -132,7 +132,16 @@ class Project:
         return [rec.registration for rec in self.ops if rec.registration]
 
     def add_op(self, rec: OpRecord) -> None:
-        self.data["ops"] = [d for d in self.data["ops"] if d["op"] != rec.op] + [rec.to_json()]
+        """Record `rec`, in place of an earlier record of the same operator."""
+        ops = self.data["ops"]
+        at = next((i for i, d in enumerate(ops) if d["op"] == rec.op), None)
+        if at is None:
+            ops.append(rec.to_json())
+        else:
+            ops[at] = rec.to_json()
+
+    def remove_op(self, qualified: str) -> None:
+        self.data["ops"] = [d for d in self.data["ops"] if d["op"] != qualified]
 
     @property
     def metadata_path(self) -> Path:
@@ -231,6 +240,11 @@ class Transaction:
     def write(self, path: Path, text: str) -> None:
         self._remember(path)
         write_atomic(path, text)
+
+    def remove(self, path: Path) -> None:
+        """Delete `path` (a rollback puts it back)."""
+        self._remember(path)
+        Path(path).unlink(missing_ok=True)
 
     def touch_file(self, path: Path) -> None:
         """Remember `path` so that a rollback restores it after someone else rewrites it."""

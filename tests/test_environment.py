@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build, opdb
+from backendgen import api, build, opdb, support
 from backendgen.errors import EnvironmentProblem
 from conftest import read_only, run_cli, unique_device
 
@@ -33,10 +33,55 @@ def test_torch_without_torchgen(monkeypatch):
         opdb.torch_info()
 
 
-@pytest.mark.parametrize("version", ["2.12.1", "2.14.1+cu128", "3.0.0"])
-def test_unsupported_torch(version):
-    with pytest.raises(EnvironmentProblem, match=re.escape(f"torch {version} is not supported")):
-        api._check_torch_supported(version)
+def _torch_reporting_version(tmp_path: Path, version: str) -> dict:
+    """The environment of a `backendgen` process in which the installed torch reports `version`:
+    a torch dist-info with that version comes first on the path (the torch it runs is the real one)."""
+    import importlib.metadata
+    import os
+
+    real = importlib.metadata.distribution("torch")
+    meta = tmp_path / "fake-meta"
+    info = meta / f"torch-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(real.read_text("METADATA").replace(
+        f"Version: {real.version}", f"Version: {version}", 1))
+    return {"PYTHONPATH": os.pathsep.join([str(meta), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.12.1+cu128", "1.13.0"])
+def test_a_torch_older_than_the_minimum_is_refused(version, tmp_path):
+    dest = tmp_path / "proj"
+    out = run_cli("new", unique_device("old"), "-o", str(dest), env=_torch_reporting_version(tmp_path, version))
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"torch {version} is older than {support.MINIMUM}" in lines[0], out.stderr
+    assert f"pip install torch=={support.TESTED[-1]}" in lines[0]
+    assert "Traceback" not in out.stderr and not dest.exists()
+
+
+@pytest.mark.parametrize("version", ["2.99.0", "2.13.7+cpu", "3.0.0.dev20300101"])
+def test_a_newer_untested_torch_proceeds_with_one_note(version, tmp_path):
+    dest = tmp_path / "proj"
+    out = run_cli("new", unique_device("new"), "-o", str(dest), "--no-build", env=_torch_reporting_version(tmp_path, version))
+    assert out.returncode == 0, out.stdout + out.stderr
+    notes = [ln for ln in out.stdout.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 1, out.stdout
+    assert f"torch {version} has not been tested" in notes[0] and ", ".join(support.TESTED) in notes[0]
+    assert json.loads((dest / "backendgen.json").read_text())["torch"]["version"] == version
+    # check says the same, as information (the project is not built: that is its error)
+    out = run_cli("check", "--json", "--project", str(dest), env=_torch_reporting_version(tmp_path / "c", version))
+    findings = json.loads(out.stdout)["findings"]
+    untested = [f for f in findings if f["area"] == "versions" and f["detail"].get("kind") == "untested"]
+    assert len(untested) == 1 and untested[0]["severity"] == "info", findings
+    assert {f["subject"] for f in findings if f["severity"] == "error"} == {json.loads(
+        (dest / "backendgen.json").read_text())["package"]}  # "not built", nothing about the version
+
+
+def test_each_tested_release_is_tested_and_its_build_tag_does_not_matter():
+    for version in support.TESTED:
+        assert support.torch_support(version).tested and support.torch_support(version).note is None
+        assert support.torch_support(version + "+cu130").tested
+    assert support.release(support.MINIMUM) <= min(map(support.release, support.TESTED))
 
 
 def test_no_ninja(monkeypatch, tmp_path):
