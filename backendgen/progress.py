@@ -33,7 +33,7 @@ class ConsoleReporter(Reporter):
 
     def note(self, text):
         if not self.quiet:
-            self.console.print(f"note: {text}", markup=False, highlight=False)
+            self.out.print(f"note: {text}")
 
     def step_done(self, name, seconds, ok):
         from backendgen.output import styled
