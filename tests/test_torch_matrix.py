@@ -6,7 +6,7 @@ operators (structured ones included) and `check`, each through the real command.
 a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or changed, checked
 under 2.14.1, fixed with the steps of docs/upgrading.md.
 
-Slow: the first session installs every torch (the CUDA builds are ~5 GB each; see README,
+Slow: every session installs every torch in new virtualenvs (the CUDA builds are ~5 GB each; see README,
 "Supported torch versions"). Each virtualenv is made once per session and deleted at its end.
 """
 
