@@ -1,12 +1,18 @@
 """`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
 
 Devices (is_available, device_count, current_device, set_device, the `device` context manager,
-synchronize), memory (statistics, capacity), the CPU fallback's counters, and — re-exported from
-their own modules — random number generation and autocast support. What a hardware team replaces:
-nothing; these call into the C++ runtime.
+synchronize, properties), streams and events, memory (statistics, capacity), the CPU fallback's
+counters, and — re-exported from their own modules — random number generation and autocast
+support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
+compiler/inductor.py, imported on first use. What a hardware team replaces: the device properties
+(`get_device_properties`, from its SDK); the rest calls into the C++ runtime.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
 
 import torch
 
@@ -62,6 +68,63 @@ class device:
 
 def synchronize(device=None) -> None:
     _C.synchronize(_index(device))
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.{{ cookiecutter.device }}.get_device_properties()` reports (Inductor reads multi_processor_count)."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    index = _index(device)
+    # The emulated device computes on the host: its parallelism is the host's cores.
+    return DeviceProperties(
+        name=f"{_DEVICE} (emulated on host memory)",
+        total_memory=_C.mem_info(index)[1],
+        multi_processor_count=os.cpu_count() or 1,
+    )
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> str:
+    """A code generator's target name for the device ("" on the emulated device: no variants)."""
+    _index(device)
+    return ""
+
+
+# --- streams and events (torch.Stream / torch.Event on this device; csrc/runtime/guard.cpp) ----
+
+Stream = torch.Stream
+Event = torch.Event
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream | None):
+    """Make `stream` current on its device for the block (None: leave the current stream)."""
+    if stream is None:
+        yield
+        return
+    previous = current_stream(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
 
 
 def _is_in_bad_fork() -> bool:
@@ -137,3 +200,14 @@ def set_layout_tag(tensor: torch.Tensor, tagged: bool) -> None:
 
 def layout_tag(tensor: torch.Tensor) -> bool:
     return torch.ops.{{ cookiecutter.package }}.layout_tag(tensor)
+
+
+# --- torch.compile (compiler/) ------------------------------------------------------------------
+
+def __getattr__(name: str):
+    """Inductor asks a PrivateUse1 device module for its code generator by these names."""
+    from {{ cookiecutter.package }} import compiler
+
+    if name in compiler.INDUCTOR_HOOKS:
+        return compiler.inductor_hook(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
