@@ -21,7 +21,7 @@ from backendgen import __version__, build, kernelgen, naming, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
-from backendgen.project import METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
+from backendgen.project import COMPILE_TESTS, METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
 
 
 def _torch_note(version: str, rep: Reporter) -> str | None:
@@ -544,17 +544,20 @@ class TestResult:
     tests_log: Path | None = None
     tests_failure: str | None = None  # why the project's tests failed (None: they passed)
     suite: object | None = None  # conformance.SuiteResult, with opinfo
+    compile_included: bool = False  # the torch.compile tests ran with the project's tests
 
     @property
     def exit_code(self) -> int:
         return 1 if self.tests_failure or (self.suite is not None and not self.suite.ok) else 0
 
 
-def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, patterns: list[str] | None = None,
+def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, torch_compile: bool = False,
+                 patterns: list[str] | None = None,
                  dtypes: list[str] | None = None, samples: int | None = None, workers: int | None = None,
                  strict: bool = False, write_expected: Path | None = None,
                  reporter: Reporter | None = None) -> TestResult:
-    """Run the project's tests and, with `opinfo`, its conformance suite (backendgen.conformance).
+    """Run the project's tests and, with `opinfo`, its conformance suite (backendgen.conformance);
+    with `torch_compile`, its torch.compile tests too (tests/test_compile.py, opt-in in the project).
     Failures are in the result (exit_code 1); bad arguments raise UserError."""
     from backendgen import conformance
     from backendgen.errors import TestFailure
@@ -566,7 +569,10 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, patte
     _check_no_other_backend(project.data["dist_name"])
     if not opinfo and (patterns or dtypes or samples is not None or workers is not None or strict or write_expected):
         raise UserError("-k, --dtype, --samples, --workers, --strict and --write-expected select the conformance suite: add --opinfo")
-    result = TestResult(project.root)
+    if torch_compile and not (project.root / COMPILE_TESTS).is_file():
+        raise ProjectError(f"{project.root} has no torch.compile tests ({COMPILE_TESTS}, template 6 and later); "
+                           "docs/upgrading.md says how an older project takes them over")
+    result = TestResult(project.root, compile_included=torch_compile)
     with project.lock():
         if opinfo:  # first: it checks its arguments before anything runs
             with rep.step("conformance"):
@@ -576,7 +582,8 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, patte
                 )
         with rep.step("test"):
             try:
-                result.tests_log = build.run_tests(project.root)
+                # the project's pyproject.toml deselects the opt-in suites; --compile selects one back
+                result.tests_log = build.run_tests(project.root, markers="not conformance" if torch_compile else None)
             except TestFailure as e:
                 result.tests_failure, result.tests_log = str(e), e.log
     return result

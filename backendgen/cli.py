@@ -200,11 +200,12 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
-@app.command("test", short_help="Run the project's tests and, with --opinfo, the OpInfo conformance suite.")
+@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests.")
 @_handles_errors
 def test_cmd(
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
+    torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
     patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
@@ -213,11 +214,12 @@ def test_cmd(
     write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
 ):
     """Run the project's tests and, with --opinfo, its conformance suite: one summary line per
-    variant and dtype, then the first unexpected failure of each op."""
+    variant and dtype, then the first unexpected failure of each op. With --compile the project's
+    tests include its torch.compile tests (tests/test_compile.py)."""
     from backendgen import api
 
     res = api.test_backend(
-        project, opinfo=opinfo, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+        project, opinfo=opinfo, torch_compile=torch_compile, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
         write_expected=write_expected, reporter=_reporter(),
     )
     out = _out()
@@ -228,7 +230,8 @@ def test_cmd(
     if res.tests_failure:
         out.print(f"project tests: {res.tests_failure}")
     else:
-        out.print(f"project tests: passed (log: {res.tests_log})")
+        included = ", torch.compile's included" if res.compile_included else ""
+        out.print(f"project tests: passed{included} (log: {res.tests_log})")
     raise typer.Exit(res.exit_code)
 
 
