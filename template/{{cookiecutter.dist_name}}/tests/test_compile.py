@@ -57,11 +57,11 @@ def test_forward_and_backward_match_eager(make, shape):
     assert out_c.device.type == DEVICE
     torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
-    for (name, pe), pc in zip(eager.named_parameters(), compiled_model.parameters()):
+    for (name, pe), pc in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
         assert pc.grad is not None and pc.grad.device.type == DEVICE, name
         torch.testing.assert_close(pc.grad, pe.grad, rtol=1e-4, atol=1e-5, msg=f"gradient of {name}")
     # batch norm's running statistics, updated inside the compiled graph, reach the module
-    for (name, be), bc in zip(eager.named_buffers(), compiled_model.buffers()):
+    for (name, be), bc in zip(eager.named_buffers(), compiled_model.buffers(), strict=True):
         torch.testing.assert_close(bc, be, rtol=1e-4, atol=1e-5, msg=f"buffer {name}")
 
 
@@ -83,7 +83,7 @@ def test_pointwise_and_reduction_run_as_fused_kernels_not_on_the_fallback():
     result, (code,) = run_and_get_code(compiled, x, y)
     assert mod.fallback_counts() == {}, f"the compiled graph ran operators on the CPU fallback: {mod.fallback_counts()}"
     assert "aten." not in code.split("def call(")[-1], "the compiled graph calls ATen operators instead of fused kernels"
-    for got, want in zip(result, expected):
+    for got, want in zip(result, expected, strict=True):
         assert got.device.type == DEVICE
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
