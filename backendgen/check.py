@@ -63,7 +63,7 @@ CPP_APIS = {
 COMPILE_APIS = {
     "_dynamo/device_interface.py": ["class DeviceInterface", "def register_interface_for_device"],
     "_inductor/codegen/common.py": ["class DeviceOpOverrides", "def register_backend_for_device",
-                                    "def register_device_op_overrides", '_get_custom_mod_func("Scheduling")'],
+                                    "def register_device_op_overrides", "_get_privateuse1_backend_name", '"Scheduling"'],
     "_inductor/codegen/wrapper.py": ["class SubgraphPythonWrapperCodegen", "def _generate_kernel_call_helper",
                                      "def wrap_kernel_call"],
     "_inductor/codegen/cpp.py": ["class CppScheduling"],

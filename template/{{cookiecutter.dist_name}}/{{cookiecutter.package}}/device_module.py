@@ -204,8 +204,15 @@ def layout_tag(tensor: torch.Tensor) -> bool:
 
 # --- torch.compile (compiler/) ------------------------------------------------------------------
 
+def _inductor_backend_init() -> None:
+    """Inductor's hook for a PrivateUse1 backend (torch 2.15 and later call it when they set up
+    their backends): importing compiler/inductor.py registers the code generator."""
+    from {{ cookiecutter.package }}.compiler import inductor  # noqa: F401
+
+
 def __getattr__(name: str):
-    """Inductor asks a PrivateUse1 device module for its code generator by these names."""
+    """Inductor asks a PrivateUse1 device module for its code generator by these names (torch 2.13
+    and 2.14; later ones call `_inductor_backend_init` above and fall back to these)."""
     from {{ cookiecutter.package }} import compiler
 
     if name in compiler.INDUCTOR_HOOKS:

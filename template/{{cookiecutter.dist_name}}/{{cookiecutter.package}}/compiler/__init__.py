@@ -6,9 +6,10 @@ pays nothing for them:
 - `dynamo.py`: Dynamo's device interface (current device, streams, events, synchronize, device
   properties), registered right after `torch._dynamo.device_interface` is imported, before Dynamo
   builds its tables of stream functions from the registered interfaces.
-- `inductor.py`: Inductor's code generator for the device. Inductor asks the device module for it
-  (`torch.{{ cookiecutter.device }}.Scheduling` and the wrapper classes) when it first sets up its backends; the
-  device module then imports `inductor.py`, which registers everything Inductor needs.
+- `inductor.py`: Inductor's code generator for the device. When Inductor first sets up its
+  backends it calls the device module's `_inductor_backend_init` (torch 2.15 and later) or asks it
+  for `torch.{{ cookiecutter.device }}.Scheduling` and the wrapper classes (2.13, 2.14); either way the device
+  module imports `inductor.py`, which registers everything Inductor needs.
 
 What a hardware team replaces: `Scheduling` in `inductor.py` (the code generator). The rest follows
 the runtime (`device_module.py`) and stays.
