@@ -213,13 +213,14 @@ def test_cmd(
     strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
     write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
 ):
-    """Run the project's tests and, with --opinfo, its conformance suite: one summary line per
-    variant and dtype, then the first unexpected failure of each op. With --compile the project's
-    tests include its torch.compile tests (tests/test_compile.py)."""
+    """Run the project's tests; with --opinfo also its conformance suite (one summary line per
+    variant and dtype, then the first unexpected failure of each op); with --compile also its
+    torch.compile tests (tests/test_compile.py)."""
     from backendgen import api
 
     res = api.test_backend(
-        project, opinfo=opinfo, torch_compile=torch_compile, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+        project, opinfo=opinfo, opt_in=[name for name, on in (("compile", torch_compile),) if on],
+        patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
         write_expected=write_expected, reporter=_reporter(),
     )
     out = _out()
@@ -230,8 +231,9 @@ def test_cmd(
     if res.tests_failure:
         out.print(f"project tests: {res.tests_failure}")
     else:
-        included = ", torch.compile's included" if res.compile_included else ""
-        out.print(f"project tests: passed{included} (log: {res.tests_log})")
+        out.print(f"project tests: passed (log: {res.tests_log})")
+    for run in res.opt_in:
+        out.print(f"{run.suite.what}: {run.failure or 'passed'} (log: {run.log})")
     raise typer.Exit(res.exit_code)
 
 
