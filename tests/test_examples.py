@@ -14,11 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from backendgen import api, build
 from conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TESTED = {"train", "checkpoint", "fallback_report", "custom_op", "compile"}
 
+
+
+@pytest.fixture
+def installed(built_project) -> Path:
+    """The session's project, as what `import torch` loads: other tests install copies of it (same
+    device name, other operators), so it is reinstalled when it is not the one installed."""
+    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
+        api.build_backend(built_project)
+    return built_project
 
 def _device(root: Path) -> str:
     return json.loads((root / "backendgen.json").read_text())["device"]
@@ -42,8 +52,8 @@ def test_every_example_has_a_test():
 
 
 @pytest.mark.parametrize("extra", [[], ["--dtype", "float16", "--optimizer", "sgd", "--steps", "12"]], ids=["bf16-adam", "fp16-sgd"])
-def test_train(built_project, tmp_path, extra):
-    dev = _device(built_project)
+def test_train(installed, tmp_path, extra):
+    dev = _device(installed)
     out = _ok(run_example("train", *extra, cwd=tmp_path))
     assert f"training on {dev}:0" in out
     dtype = "float16" if "float16" in extra else "bfloat16"
@@ -54,14 +64,14 @@ def test_train(built_project, tmp_path, extra):
     assert out.rstrip().endswith("ok: the model trained on the device")
 
 
-def test_train_with_explicit_device(built_project, tmp_path):
-    dev = _device(built_project)
+def test_train_with_explicit_device(installed, tmp_path):
+    dev = _device(installed)
     out = _ok(run_example("train", "--device", dev, "--steps", "4", cwd=tmp_path))
     assert f"training on {dev}:0" in out
 
 
-def test_checkpoint(built_project, tmp_path):
-    dev = _device(built_project)
+def test_checkpoint(installed, tmp_path):
+    dev = _device(installed)
     out = _ok(run_example("checkpoint", "--dir", str(tmp_path / "ckpt"), cwd=tmp_path))
     assert (tmp_path / "ckpt" / f"checkpoint-{dev}.pt").is_file()
     for line in ["torch.load(path): 17 tensors equal", 'map_location="cpu": 17 tensors equal to what was saved, on cpu\n',
@@ -71,14 +81,14 @@ def test_checkpoint(built_project, tmp_path):
         assert line in out, out
 
 
-def test_checkpoint_on_one_device_skips_the_cross_device_loads(built_project, tmp_path):
-    dev = _device(built_project)
+def test_checkpoint_on_one_device_skips_the_cross_device_loads(installed, tmp_path):
+    dev = _device(installed)
     out = _ok(run_example("checkpoint", cwd=tmp_path, env={f"{dev.upper()}_DEVICE_COUNT": "1"}))
     assert f"(one {dev} device: the loads onto {dev}:1 are skipped)" in out
     assert f"map_location=\"{dev}:1\"" not in out
 
 
-def test_fallback_report_names_the_operators_and_its_command_is_accepted(built_project, tmp_path):
+def test_fallback_report_names_the_operators_and_its_command_is_accepted(installed, tmp_path):
     out = _ok(run_example("fallback_report", cwd=tmp_path))
     assert re.search(r"operators ran on the CPU fallback, \d+ calls", out)
     # layer norm and GELU have no kernel in a fresh backend: they fall back, each with its add-op target
@@ -86,15 +96,15 @@ def test_fallback_report_names_the_operators_and_its_command_is_accepted(built_p
     assert "aten::gelu -> aten::gelu.out" in out
     command = out.rstrip().splitlines()[-1].strip()
     words = shlex.split(command)
-    assert words[:2] == ["backendgen", "add-op"] and words[-2:] == ["--project", str(built_project.resolve())]
+    assert words[:2] == ["backendgen", "add-op"] and words[-2:] == ["--project", str(installed.resolve())]
     assert "aten::gelu.out" in words
     dry = run_cli(*words[1:], "--dry-run")  # the printed command is one add-op accepts for this project
     assert dry.returncode == 0, dry.stderr
     assert re.search(r"^would write csrc/aten/ops/gelu\w*\.cpp$", dry.stdout, re.M), dry.stdout
 
 
-def test_custom_op(built_project, tmp_path):
-    package = json.loads((built_project / "backendgen.json").read_text())["package"]
+def test_custom_op(installed, tmp_path):
+    package = json.loads((installed / "backendgen.json").read_text())["package"]
     out = _ok(run_example("custom_op", cwd=tmp_path))
     assert f"{package}::layout_tag(Tensor self) -> bool" in out
     assert f"{package}::set_layout_tag(Tensor self, bool tagged) -> ()" in out
@@ -103,17 +113,17 @@ def test_custom_op(built_project, tmp_path):
     assert "a call that does not match the schema is refused" in out
 
 
-def test_compile(built_project, tmp_path):
-    dev = _device(built_project)
+def test_compile(installed, tmp_path):
+    dev = _device(installed)
     out = _ok(run_example("compile", cwd=tmp_path))
     assert f"compiled training on {dev} matched eager for 3 steps" in out
     assert re.search(r"eager ran .*aten::sin.* on the CPU fallback; compiled: nothing", out)
 
 
-def test_examples_refuse_without_a_backend_and_for_another_device(built_project, tmp_path):
+def test_examples_refuse_without_a_backend_and_for_another_device(installed, tmp_path):
     off = run_example("custom_op", cwd=tmp_path, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert off.returncode == 2
     assert "no PrivateUse1 backend is loaded in this process (TORCH_DEVICE_BACKEND_AUTOLOAD=0 is set" in off.stderr
     other = run_example("train", "--device", "otherchip", cwd=tmp_path)
     assert other.returncode == 2
-    assert f"--device otherchip: the backend loaded in this process is '{_device(built_project)}'" in other.stderr
+    assert f"--device otherchip: the backend loaded in this process is '{_device(installed)}'" in other.stderr
