@@ -42,10 +42,7 @@ SKIP = {
     "pytest": "the test suite itself (this repo's in README, the project's in its README: tests/test_e2e.py runs it)",
     "backendgen new mychip": "a second PrivateUse1 backend is refused while the session's is installed; tests/test_e2e.py and conftest's built_project run new",
     "cd torch-mychip": "commands run inside the session's project already",
-    "backendgen add-op aten::abs.out topk": f"{_MUTATES}; tests/test_e2e.py adds operators to a copy",
     "backendgen build --test": f"{_MUTATES}; tests/test_build.py",
-    "backendgen build": f"{_MUTATES}; tests/test_build.py",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD=0 backendgen build": f"{_MUTATES}; tests/test_build.py",
     "backendgen test": "runs the project's whole suite (minutes); tests/test_e2e.py runs it",
     "backendgen test --opinfo": "the OpInfo suite takes minutes; tests/test_conformance.py runs it",
     "backendgen test --opinfo -k abs": "runs the project's whole suite first (minutes); tests/test_conformance.py",
@@ -59,14 +56,22 @@ SKIP = {
     "python -m tests.conformance.runner --write-expected new.json": "the OpInfo suite takes minutes; tests/test_conformance.py",
     "backendgen profile train.py --epochs 1": "train.py stands for the user's script; tests/test_profile.py profiles a training script",
     "backendgen remove-op cholesky": f"{_MUTATES} (and cholesky is not in a fresh project); tests/test_upgrade_tools.py",
-    "backendgen check --accept": f"{_MUTATES} (backendgen.json); tests/test_check.py",
     "pip install setuptools wheel ninja": "changes the test environment (already has them)",
-    'pip install --no-build-isolation -e ".[test]"': f"{_MUTATES}; it is the install backendgen new ran for the session",
-    "python setup.py build_ext --inplace": f"{_MUTATES}; tests/test_build.py",
     "python benchmarks/run.py --runs 3": "generates, builds and measures backends (minutes); docs/performance.md's own figures",
     "python benchmarks/run.py --compile-only": "generates, builds and measures a backend (minutes)",
 }
 
+
+# Commands that change the project or its installation: they run, in the order the docs give them,
+# in one copy of the session's project (which they install; the tests after reinstall the session's).
+IN_COPY = [
+    "backendgen add-op aten::abs.out topk",
+    "backendgen build",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD=0 backendgen build",
+    "python setup.py build_ext --inplace",
+    'pip install --no-build-isolation -e ".[test]"',
+    "backendgen check --accept",
+]
 
 
 @pytest.fixture
@@ -166,7 +171,7 @@ def test_docs_have_blocks_to_run():
 
 def test_every_skip_entry_is_still_in_the_docs():
     written = {c for _, c in _command_lines()}
-    stale = sorted(set(SKIP) - written)
+    stale = sorted((set(SKIP) | set(IN_COPY)) - written)
     assert not stale, f"SKIP lists commands no doc has any more: {stale}"
 
 
@@ -183,7 +188,7 @@ def test_python_block_runs(index, installed, tmp_path):
 def _runnable() -> list[tuple[Block, str]]:
     seen, out = set(), []
     for b, c in _command_lines():
-        if c not in SKIP and c not in seen:
+        if c not in SKIP and c not in IN_COPY and c not in seen:
             seen.add(c)
             out.append((b, c))
     return out
@@ -203,3 +208,18 @@ def test_the_generated_readme_is_the_templates_rendered(built_project):
     rendered = [b.text for b in blocks(built_project / "README.md", "x")]
     template = [_render(b.text, meta) for b in _template_readme_blocks()]
     assert rendered == template
+
+
+def test_documented_commands_that_change_the_project_run_in_a_copy(project_copy):
+    meta = _names(project_copy)
+    for command in IN_COPY:
+        ran = subprocess.run(["bash", "-c", _render(command, meta)], cwd=project_copy, env=_env(), capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=1200)
+        assert ran.returncode == 0, f"`{command}` exited {ran.returncode} in a copy of the project:\n{ran.stdout}\n{ran.stderr}"
+    ops = {o["op"] for o in json.loads((project_copy / "backendgen.json").read_text())["ops"]}
+    assert {"aten::abs.out", "aten::topk.values"} <= ops, ops  # add-op's record survived the rebuilds and --accept
+    ran = subprocess.run([sys.executable, "-c", "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
+                          " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())", meta["device"]],
+                         env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert ran.returncode == 0, ran.stderr
+    assert "aten::abs" not in ran.stdout, ran.stdout  # the copy, with its native abs, is what import torch loads
