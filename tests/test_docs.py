@@ -9,9 +9,11 @@ Conventions (docs that follow them are executed as written):
 - A fenced block tagged `sh`/`bash`/`shell`, or untagged with a first line that starts with a
   command (`backendgen`, `python`, `pytest`, `pip`, `cd`, an environment assignment), holds one
   command per line; a ` # comment` ends a line. Each command runs with bash inside the session's
-  project and must exit 0 — unless `SKIP` below lists it, with the reason it cannot run here. Other
-  blocks (output, file trees, C++, JSON) are not executed.
-The generated project's README is read from the session's project, rendered for its names.
+  project and must exit 0, unless it changes the project or its installation (`IN_COPY`: those
+  run in order in one copy of the project) or `SKIP` lists it with the reason it cannot run here.
+  Other blocks (output, file trees, C++, JSON) are not executed.
+The generated project's README is the template's, rendered for the session backend's names (a test
+checks that this is what the session's project holds).
 """
 
 from __future__ import annotations
