@@ -17,7 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+ROOT = Path(__file__).resolve().parent.parent  # a source checkout (an installed wheel has no docs/)
+DOC = ROOT / "docs" / "cli.md"
 REGENERATE = "python -m backendgen.clidoc --write"
 
 
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help=f"write {DOC}")
     mode.add_argument("--check", action="store_true", help=f"exit 1 if {DOC} is not what --write would write")
     opts = p.parse_args(argv)
+    if (opts.write or opts.check) and not ((ROOT / "docs").is_dir() and (ROOT / "pyproject.toml").is_file()):
+        print(f"error: {ROOT} is not a backendgen source checkout (installed from a wheel?): --write and --check "
+              "work in a clone", file=sys.stderr)
+        return 2
     text = render()
     if opts.write:
         DOC.write_text(text)
