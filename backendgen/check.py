@@ -289,6 +289,26 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
                        old_signature=rec.signature, new_signature=op.signature, source=rec.source)
 
 
+_NOT_A_MESSAGE = re.compile(r"\s*(frame #\d+|<omitting python frames>|Exception raised from )")
+
+
+def crash_summary(stderr: str) -> str:
+    """What a process that died loading the extension said, without the C++ stack: the error's
+    first line (after c10's `what():`) and its last three lines, e.g. "Mismatch in kernel C++
+    signatures | kernel 2: ... | dispatch key: PrivateUse1 | registered at .../my_op.cpp:6"."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not _NOT_A_MESSAGE.match(ln)]
+    head = None
+    for i, ln in enumerate(lines):
+        if ln.startswith("what():"):
+            rest = ln[len("what():"):].strip()
+            head = rest or (lines[i + 1] if i + 1 < len(lines) else None)
+            break
+    tail = lines[-3:]
+    if head is not None and head not in tail:
+        tail = [head, *tail]
+    return " | ".join(tail)
+
+
 def signature_types(signature: str) -> str:
     """A C++ signature without its name and argument names: what decides whether a kernel still fits."""
     ret_and_name, _, args = signature.partition("(")
@@ -359,7 +379,7 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
     if load is None:
         if returncode < 0:
             sig = signal.Signals(-returncode).name
-            tail = " | ".join(stderr.strip().splitlines()[-3:])
+            tail = crash_summary(stderr)
             report.add("extension", "error", project.package,
                        f"loading it killed the process ({sig}): the library is corrupt or a static registration "
                        f"failed — rebuild{'; ' + tail if tail else ''}", kind="crash")

@@ -140,6 +140,44 @@ def test_truncated_extension_that_kills_the_loading_process(project_copy):
     assert f.detail.get("kind") in ("crash", "load") and "rebuild" in f.message
 
 
+# What torch 2.13 printed when a kernel registered with the wrong C++ type aborted the process that
+# loaded it (docs/troubleshooting.md), stack frames shortened.
+_MISMATCH_ABORT = """terminate called after throwing an instance of 'c10::Error'
+  what():  
+Mismatch in kernel C++ signatures
+  operator: aten::abs(Tensor self) -> Tensor
+    registered at /__w/pytorch/pytorch/build/aten/src/ATen/RegisterSchema.cpp:6
+  kernel 1: at::Tensor (at::Tensor const&)
+    dispatch key: Batched
+    registered at /__w/pytorch/pytorch/aten/src/ATen/LegacyBatchingRegistrations.cpp:1076
+  kernel 2: at::Tensor (at::Tensor const&, long)
+    dispatch key: PrivateUse1
+    registered at /src/csrc/aten/my_abs.cpp:6
+
+Exception raised from registerKernel at /__w/pytorch/pytorch/aten/src/ATen/core/dispatch/OperatorEntry.cpp:174 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x52 (0x7f0 in /venv/lib/libc10.so)
+<omitting python frames>
+frame #61: __libc_start_main + 0x85 (0x7ff25cc45305 in /lib/x86_64-linux-gnu/libc.so.6)
+"""
+
+
+def test_abort_at_load_names_the_error_not_the_stack(project_copy, tmp_path):
+    """An extension whose static registration aborts the process: the finding quotes the error's
+    first line and its last lines (the kernel, its file and line), not C++ stack frames."""
+    src = tmp_path / "abort.c"
+    text = json.dumps(_MISMATCH_ABORT)  # a valid C string literal too
+    src.write_text("#include <stdio.h>\n#include <stdlib.h>\n"
+                   f"__attribute__((constructor)) static void registration(void) {{ fputs({text}, stderr); abort(); }}\n"
+                   "void PyInit__C(void) {}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(_extension(project_copy)), str(src)], check=True)
+    report = check_project(Project.load(project_copy))
+    [f] = [f for f in _findings(report, "extension") if f.severity == "error"]
+    assert f.detail.get("kind") == "crash" and "SIGABRT" in f.message
+    assert ("Mismatch in kernel C++ signatures | kernel 2: at::Tensor (at::Tensor const&, long) | "
+            "dispatch key: PrivateUse1 | registered at /src/csrc/aten/my_abs.cpp:6") in f.message, f.message
+    assert "frame #" not in f.message
+
+
 def test_not_built(rendered_project, tmp_path):
     root = tmp_path / "p"
     shutil.copytree(rendered_project, root)

@@ -53,7 +53,8 @@ class DeviceAllocator final : public c10::DeviceAllocator {
         TORCH_CHECK_WITH(OutOfMemoryError, false, "{{ cookiecutter.device }} out of memory: tried to allocate ",
                          nbytes, " bytes on device ", int(device), " with ", free_bytes, " bytes free of ", total);
       }
-      {{ cookiecutter.DEVICE }}_CHECK(s);
+      TORCH_CHECK(s == driver::Status::ok, "{{ cookiecutter.device }} driver: malloc of ", nbytes, " bytes on device ", int(device),
+                  " failed: ", driver::status_string(s));
       record(device, static_cast<int64_t>(nbytes));
     }
     return {ptr, ptr, &DeviceAllocator::deleter, c10::Device(c10::DeviceType::PrivateUse1, device)};

@@ -1,0 +1,238 @@
+"""Every Python block and shell command in README.md, docs/*.md and the generated project's README
+runs against the session's backend, so the docs cannot rot silently.
+
+Conventions (docs that follow them are executed as written):
+- The device in the docs is `mychip` (package `torch_mychip`, project `torch-mychip`, environment
+  prefix `MYCHIP_`); here each is replaced by the session backend's name.
+- A fenced block tagged `python` is a script: it runs with `python` in a new interpreter, with
+  autoload on (as a user's), in an empty directory, and must exit 0.
+- A fenced block tagged `sh`/`bash`/`shell`, or untagged with a first line that starts with a
+  command (`backendgen`, `python`, `pytest`, `pip`, `cd`, an environment assignment), holds one
+  command per line; a ` # comment` ends a line. Each command runs with bash inside the session's
+  project and must exit 0, unless it changes the project or its installation (`IN_COPY`: those
+  run in order in one copy of the project) or `SKIP` lists it with the reason it cannot run here.
+  Other blocks (output, file trees, C++, JSON) are not executed.
+The generated project's README is the template's, rendered for the session backend's names (a test
+checks that this is what the session's project holds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backendgen import api, build
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
+
+# Commands (as written in the docs, comments stripped) that are not run here, each with the reason.
+# A command that changes the session's project or its installation, or takes minutes, is covered
+# by the test named instead.
+_MUTATES = "changes the session's project or reinstalls the backend other tests use"
+SKIP = {
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"':
+        "sets up this repository's environment: what .ci/run does before running this suite",
+    ("README.md", "pytest"): "this repository's test suite: the one running this test",
+    "backendgen new mychip": "a second PrivateUse1 backend is refused while the session's is installed; tests/test_e2e.py and conftest's built_project run new",
+    "cd torch-mychip": "commands run inside the session's project already",
+    "backendgen test --opinfo": "the OpInfo suite takes minutes; tests/test_conformance.py runs it",
+    "backendgen test --opinfo -k abs -k 'linalg.*'": "the OpInfo suite takes minutes; tests/test_conformance.py",
+    "backendgen test --opinfo --dtype float32 --dtype int64 --dtype float64 --samples 10": "the OpInfo suite takes minutes; tests/test_conformance.py",
+    "backendgen test --opinfo --write-expected new.json": "the OpInfo suite takes minutes; tests/test_conformance.py",
+    "backendgen test --compile": "compiles C++ for every graph (minutes); tests/test_compile.py",
+    "pytest -m conformance": "the OpInfo suite takes minutes; tests/test_conformance.py",
+    "pytest -m compile": "compiles C++ for every graph (minutes); tests/test_compile.py",
+    "python -m tests.conformance.runner --write-expected new.json": "the OpInfo suite takes minutes; tests/test_conformance.py",
+    "backendgen profile train.py --epochs 1": "train.py stands for the user's script; tests/test_profile.py profiles a training script",
+    "backendgen remove-op cholesky": f"{_MUTATES} (and cholesky is not in a fresh project); tests/test_upgrade_tools.py",
+    "pip install setuptools wheel ninja": "changes the test environment (already has them)",
+    "python benchmarks/run.py --runs 3": "generates, builds and measures backends (minutes); docs/performance.md's own figures",
+    "python benchmarks/run.py --compile-only": "generates, builds and measures a backend (minutes)",
+}
+
+
+# Commands that change the project or its installation: they run, in the order the docs give them,
+# in one copy of the session's project (which they install; the tests after reinstall the session's).
+IN_COPY = [
+    "backendgen add-op aten::abs.out topk",
+    "backendgen build",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD=0 backendgen build",
+    "python setup.py build_ext --inplace",
+    'pip install --no-build-isolation -e ".[test]"',
+    "backendgen check --accept",
+    "backendgen build --test",
+    "backendgen test",
+    ("the generated project's README.md", "pytest"),
+    "backendgen test --opinfo -k abs",
+    "python -m tests.conformance.runner -k abs --dtype float32 --dtype int64 --samples 10",
+]
+
+
+def _key(table, block: Block, command: str):
+    """The entry of SKIP or IN_COPY for this command in this doc ((doc, command) first), or None."""
+    for key in ((block.doc, command), command):
+        if key in table:
+            return key
+    return None
+
+
+@pytest.fixture
+def installed(built_project) -> Path:
+    """The session's project, as what `import torch` loads: other tests install copies of it (same
+    device name, other operators), so it is reinstalled when it is not the one installed."""
+    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
+        api.build_backend(built_project)
+    return built_project
+
+@dataclass
+class Block:
+    doc: str
+    line: int
+    lang: str
+    text: str
+
+
+def blocks(path: Path, label: str) -> list[Block]:
+    out, lines, i = [], path.read_text().splitlines(), 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)```(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, lang, start, body = len(m.group(1)), m.group(2), i + 1, []
+        i += 1
+        while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
+            body.append(lines[i][indent:] if lines[i][:indent].strip() == "" else lines[i])
+            i += 1
+        out.append(Block(label, start, lang, "\n".join(body) + "\n"))
+        i += 1
+    return out
+
+
+def _commands(block: Block) -> list[str] | None:
+    """The block's commands, or None when it is not a command block."""
+    lines = [ln for ln in block.text.splitlines() if ln.strip()]
+    if block.lang not in ("sh", "bash", "shell"):
+        if block.lang or not lines:
+            return None
+        first = lines[0].split()[0]
+        if first not in COMMAND_WORDS and not re.match(r"^[A-Z_]+=", first):
+            return None
+    return [re.sub(r"\s+#\s.*$", "", ln).strip() for ln in lines]
+
+
+def _all_blocks(project: Path | None = None) -> list[Block]:
+    out = []
+    for path in DOCS:
+        out += blocks(path, str(path.relative_to(REPO)))
+    if project is not None:
+        out += blocks(project / "README.md", "the generated project's README.md")
+    return out
+
+
+def _template_readme_blocks() -> list[Block]:
+    return blocks(REPO / "template" / "{{cookiecutter.dist_name}}" / "README.md", "the generated project's README.md")
+
+
+def _names(project: Path) -> dict:
+    return json.loads((project / "backendgen.json").read_text())
+
+
+def _render(text: str, meta: dict) -> str:
+    """The docs' `mychip` names, and the template's cookiecutter variables, as the session backend's."""
+    for key in ("device", "DEVICE", "package", "dist_name"):
+        text = text.replace("{{ cookiecutter.%s }}" % key, meta[key])
+    return text.replace("MYCHIP", meta["DEVICE"]).replace("mychip", meta["device"])
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}  # a user's: autoload on
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's backendgen
+    return env
+
+
+def _where(b: Block) -> str:
+    return f"{b.doc}, block at line {b.line}"
+
+
+def _python_blocks() -> list[Block]:
+    return [b for b in _all_blocks() + _template_readme_blocks() if b.lang == "python"]
+
+
+def _command_lines() -> list[tuple[Block, str]]:
+    return [(b, c) for b in _all_blocks() + _template_readme_blocks() for c in (_commands(b) or [])]
+
+
+def test_docs_have_blocks_to_run():
+    """The extraction finds what the docs hold (a parser that finds nothing would pass everything)."""
+    assert len(_python_blocks()) >= 10
+    cmds = [c for _, c in _command_lines()]
+    assert "backendgen ops 'layer_norm'" in cmds and "backendgen check --json" in cmds
+    assert not any(c.startswith(("Usage:", "backendgen.json")) for c in cmds)
+
+
+def test_every_skip_entry_is_still_in_the_docs():
+    written = {c for _, c in _command_lines()}
+    written |= {(b.doc, c) for b, c in _command_lines()}
+    stale = sorted(map(str, (set(SKIP) | set(IN_COPY)) - written))
+    assert not stale, f"SKIP lists commands no doc has any more: {stale}"
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())), ids=lambda i: f"{_python_blocks()[i].doc}:{_python_blocks()[i].line}")
+def test_python_block_runs(index, installed, tmp_path):
+    block = _python_blocks()[index]
+    script = tmp_path / "block.py"
+    script.write_text(_render(block.text, _names(installed)))
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=600)
+    assert ran.returncode == 0, f"{_where(block)} failed (exit {ran.returncode}):\n{block.text}\n{ran.stdout}\n{ran.stderr}"
+
+
+def _runnable() -> list[tuple[Block, str]]:
+    seen, out = set(), []
+    for b, c in _command_lines():
+        if _key(SKIP, b, c) is None and _key(IN_COPY, b, c) is None and c not in seen:
+            seen.add(c)
+            out.append((b, c))
+    return out
+
+
+@pytest.mark.parametrize("index", range(len(_runnable())), ids=lambda i: _runnable()[i][1])
+def test_documented_command_runs(index, installed):
+    block, command = _runnable()[index]
+    ran = subprocess.run(["bash", "-c", _render(command, _names(installed))], cwd=installed, env=_env(),
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    assert ran.returncode == 0, f"{_where(block)}: `{command}` exited {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
+
+
+def test_the_generated_readme_is_the_templates_rendered(built_project):
+    """The blocks run above come from the template's README: the session project's copy renders it."""
+    meta = _names(built_project)
+    rendered = [b.text for b in blocks(built_project / "README.md", "x")]
+    template = [_render(b.text, meta) for b in _template_readme_blocks()]
+    assert rendered == template
+
+
+def test_documented_commands_that_change_the_project_run_in_a_copy(project_copy):
+    meta = _names(project_copy)
+    for entry in IN_COPY:
+        command = entry if isinstance(entry, str) else entry[1]
+        ran = subprocess.run(["bash", "-c", _render(command, meta)], cwd=project_copy, env=_env(), capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=1200)
+        assert ran.returncode == 0, f"`{command}` exited {ran.returncode} in a copy of the project:\n{ran.stdout}\n{ran.stderr}"
+    ops = {o["op"] for o in json.loads((project_copy / "backendgen.json").read_text())["ops"]}
+    assert {"aten::abs.out", "aten::topk.values"} <= ops, ops  # add-op's record survived the rebuilds and --accept
+    ran = subprocess.run([sys.executable, "-c", "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
+                          " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())", meta["device"]],
+                         env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert ran.returncode == 0, ran.stderr
+    assert "aten::abs" not in ran.stdout, ran.stdout  # the copy, with its native abs, is what import torch loads
