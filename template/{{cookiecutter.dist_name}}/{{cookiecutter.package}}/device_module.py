@@ -1,7 +1,8 @@
 """`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
 
 Devices (is_available, device_count, current_device, set_device, the `device` context manager,
-synchronize), memory (statistics, capacity), the CPU fallback's counters, and — re-exported from
+synchronize), streams and events under torch.cuda's names (`Stream`, `Event`, `current_stream`,
+`stream`: FSDP calls them), memory (statistics, capacity), the CPU fallback's counters, and — re-exported from
 their own modules — random number generation and autocast support. What a hardware team replaces:
 nothing; these call into the C++ runtime.
 """
@@ -74,6 +75,51 @@ def _lazy_init() -> None:
             f"cannot use the {_DEVICE} device in a process forked after the parent used it; "
             "use the 'spawn' multiprocessing start method"
         )
+
+
+def is_initialized() -> bool:
+    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
+    return not _C.is_in_bad_fork()
+
+
+# --- streams and events, under the names torch.cuda uses (FSDP's `fully_shard` calls these) -----
+
+def _this_device(device=None) -> torch.device:
+    return torch.device(_DEVICE, _index(device) if device is not None else _C.current_device())
+
+
+def Stream(device=None, priority: int = 0) -> torch.Stream:  # noqa: N802  (torch.cuda.Stream's name)
+    return torch.Stream(device=_this_device(device), priority=priority)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+    return torch.Event(device=_this_device(), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_this_device(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+class stream:  # noqa: N801  (torch.cuda.stream's name)
+    """Context manager that makes `stream` current on its device."""
+
+    def __init__(self, stream):
+        self.stream, self.prev = stream, None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.prev = torch.accelerator.current_stream(self.stream.device)
+            torch.accelerator.set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            torch.accelerator.set_stream(self.prev)
+        return False
 
 
 # --- memory -----------------------------------------------------------------------------------
