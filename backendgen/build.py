@@ -436,11 +436,13 @@ def _raise_if_tests_failed(returncode: int, log: Path) -> None:
     raise TestFailure("tests failed", failed=failed, log=log)
 
 
-def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test") -> Path:
-    """Run the project's pytest suite (or `paths` in it); raise TestFailure naming failed tests."""
+def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test", marker: str | None = None) -> Path:
+    """Run the project's pytest suite (or `paths` in it; with `marker`, the tests of that opt-in
+    marker instead of the project's default selection); raise TestFailure naming failed tests."""
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
-    proc = _run([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *(paths or ["tests"])], root, log, _test_env())
+    select = ["-m", marker] if marker else []
+    proc = _run([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, _test_env())
     _raise_if_tests_failed(proc.returncode, log)
     return log
 
