@@ -7,6 +7,7 @@ or a hang fails the test within that limit.
 """
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -60,12 +61,17 @@ def test_torchrun_trains_the_example():
     env = launch.environment(2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(launch.free_port()), "examples/train_ddp.py", "--steps", "10"]
+    # its own session, so that on a timeout torchrun's workers are killed with it
+    proc = subprocess.Popen(cmd, cwd=launch.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=launch.ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"torchrun did not finish in {TIMEOUT} s:\n{e.stdout}\n{e.stderr}")
-    out = proc.stdout + proc.stderr
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {TIMEOUT} s:\n{stdout}\n{stderr}")
+    out = stdout + stderr
     assert proc.returncode == 0, out
     assert "done: 2 processes on {{ cookiecutter.device }}, parameters identical on every rank" in out, out
-    losses = [float(line.split("loss")[1]) for line in proc.stdout.splitlines() if line.startswith("step")]
+    losses = [float(line.split("loss")[1]) for line in stdout.splitlines() if line.startswith("step")]
     assert len(losses) >= 2 and losses[-1] < losses[0], out

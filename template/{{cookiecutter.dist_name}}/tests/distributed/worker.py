@@ -133,6 +133,17 @@ def collectives(dev: torch.device, check: Checker) -> None:
             finish(work, async_op)
             check.equal(f"all_to_all_single {tag}", out, torch.cat([piece(s, rank) for s in ranks]))
 
+            # gather to rank 0, scatter from rank 0
+            outs = [torch.zeros(n, dtype=dtype, device=dev) for _ in ranks] if rank == 0 else None
+            finish(dist.gather(data(rank, n, dtype).to(dev), outs, dst=0, async_op=async_op), async_op)
+            if rank == 0:
+                for r in ranks:
+                    check.equal(f"gather[{r}] {tag}", outs[r], data(r, n, dtype))
+            out = torch.zeros(n, dtype=dtype, device=dev)
+            pieces = [data(0, n, dtype, salt=r).to(dev) for r in ranks] if rank == 0 else None
+            finish(dist.scatter(out, pieces, src=0, async_op=async_op), async_op)
+            check.equal(f"scatter {tag}", out, data(0, n, dtype, salt=rank))
+
             # send/recv around a ring
             nxt, prv = (rank + 1) % ws, (rank - 1) % ws
             got = torch.zeros(n + prv, dtype=dtype, device=dev)
