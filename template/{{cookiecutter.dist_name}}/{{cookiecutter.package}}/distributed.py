@@ -59,8 +59,8 @@ class Transport:
     collective and returns a handle shaped like `torch.distributed.Work` (`wait`, `is_completed`,
     `is_success`, `exception`, `get_future`); none waits for completion itself. `opts` are
     `torch.distributed` option objects (reduce op, root rank, timeout). ReduceOp.AVG never reaches
-    it: it gets SUM, and the process group divides. The emulation hands gloo host
-    views of the tensors (zero-copy) and returns gloo's own work.
+    it: it gets SUM, and the process group divides. The emulation hands gloo host views of the
+    tensors (zero-copy) and returns gloo's own work.
     """
 
     def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta):
@@ -266,7 +266,6 @@ class DeviceProcessGroup(_Base):
 
     def setGroupDesc(self, desc):
         self._group_desc = desc
-
 
     # -- routing -------------------------------------------------------------------------------
 
