@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 
 from conftest import run_cli
 
@@ -33,3 +35,19 @@ def test_distributed_needs_a_project_with_multi_process_tests(project_copy):
     out = run_cli("test", "--distributed", "--project", str(project_copy))
     assert out.returncode == 2, out.stdout + out.stderr
     assert "has no multi-process tests (tests/distributed)" in out.stdout + out.stderr
+
+
+def test_the_distributed_tests_are_opt_in(built_project):
+    """The project's default pytest run (the one `backendgen new` and `build --test` run) leaves
+    the multi-process tests out; `-m distributed` selects exactly them."""
+    def collected(*args):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                              cwd=built_project, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [ln for ln in proc.stdout.splitlines() if "::" in ln]
+
+    default = collected()
+    assert default and not [t for t in default if t.startswith("tests/distributed/")], default
+    assert any(t.startswith("tests/test_distributed.py::") for t in default)  # the quick, single-process ones
+    opted = collected("-m", "distributed")
+    assert sorted(t.rsplit("::", 1)[1] for t in opted) == sorted(DISTRIBUTED_TESTS), opted
