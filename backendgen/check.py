@@ -38,7 +38,8 @@ CPP_APIS = {
     "c10/core/CachingDeviceAllocator.h": ["DeviceAllocator", "getDeviceStats", "resetPeakStats"],
     "c10/core/Allocator.h": ["REGISTER_ALLOCATOR", "copy_data"],
     "ATen/core/CachingHostAllocator.h": ["HostAllocator", "REGISTER_HOST_ALLOCATOR"],
-    "c10/core/impl/DeviceGuardImplInterface.h": ["DeviceGuardImplInterface", "C10_REGISTER_GUARD_IMPL", "elapsedTime"],
+    "c10/core/impl/DeviceGuardImplInterface.h": ["DeviceGuardImplInterface", "C10_REGISTER_GUARD_IMPL", "elapsedTime",
+                                                 "getStreamNativeHandle"],
     "ATen/detail/PrivateUse1HooksInterface.h": ["PrivateUse1HooksInterface", "RegisterPrivateUse1HooksInterface",
                                                 "resizePrivateUse1Bytes"],
     "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl", "getDefaultCPUGenerator"],
@@ -54,6 +55,18 @@ CPP_APIS = {
     "c10/core/TensorImpl.h": ["set_storage_and_dtype", "pyobj_slot"],
     "c10/core/impl/PyObjectSlot.h": ["load_pyobj"],
     "torch/csrc/Generator.h": ["THPGenerator_initDefaultGenerator"],
+}
+
+# Python sources under the torch package -> names the template's torch.compile integration
+# (torch_<device>/compiler/) uses. Read as text, like the headers: importing Dynamo and Inductor
+# would cost check a second. Missing ones break torch.compile on the device only: warnings.
+COMPILE_APIS = {
+    "_dynamo/device_interface.py": ["class DeviceInterface", "def register_interface_for_device"],
+    "_inductor/codegen/common.py": ["class DeviceOpOverrides", "def register_backend_for_device",
+                                    "def register_device_op_overrides", "_get_privateuse1_backend_name", '"Scheduling"'],
+    "_inductor/codegen/wrapper.py": ["class SubgraphPythonWrapperCodegen", "def _generate_kernel_call_helper",
+                                     "def wrap_kernel_call"],
+    "_inductor/codegen/cpp.py": ["class CppScheduling"],
 }
 
 # Python extension points, probed in the subprocess.
@@ -301,7 +314,7 @@ def _torch_include(db: OpDB) -> Path:
     return db.info.torchgen_dir.parent / "torch" / "include"
 
 
-def _check_apis(report: CheckReport, db: OpDB, probed: dict | None) -> None:
+def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
     inc = _torch_include(db)
     missing = []
     for header, names in CPP_APIS.items():
@@ -316,10 +329,21 @@ def _check_apis(report: CheckReport, db: OpDB, probed: dict | None) -> None:
     entry = Path(db.info.torchgen_dir.parent / "torch" / "__init__.py")
     if "torch.backends" not in entry.read_text(errors="replace"):
         missing.append("the torch.backends autoload entry-point group")
+    compile_missing = []
+    if (project.root / project.package / "compiler").is_dir():
+        pkg = db.info.torchgen_dir.parent / "torch"
+        for source, names in COMPILE_APIS.items():
+            path = pkg / source
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            compile_missing += [f"torch/{source}: {n}" if text else f"torch/{source} (missing)" for n in names
+                                if n not in text]
     if missing:
         for m in sorted(set(missing)):
             report.add("api", "error", m, "not found in the installed torch: the template's code using it must be ported")
-    else:
+    for m in sorted(set(compile_missing)):
+        report.add("api", "warning", m, f"not found in the installed torch: torch.compile on the device "
+                                        f"({project.package}/compiler/) must be ported")
+    if not missing and not compile_missing:
         report.add("api", "ok", "extension points",
                    f"all {sum(map(len, CPP_APIS.values()))} C++ and {len(PY_APIS)} Python extension points present")
 
@@ -416,7 +440,7 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     report = CheckReport(project=str(project.root), strict=strict)
     _check_versions(report, project, db)
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
-    _check_apis(report, db, probed)
+    _check_apis(report, project, db, probed)
     registered = _check_extension(report, project, probed, stderr, returncode)
     _check_coverage(report, project, db, registered, list_ops)
     return report

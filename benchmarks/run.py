@@ -1,6 +1,7 @@
 """backendgen's performance figures (issue #6): run them, print a table, write JSON.
 
     python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json] [--no-instructions]
+    python benchmarks/run.py --compile-only     # torch.compile's figures alone (about a minute)
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
 Where valgrind is installed, the small-op comparison and the render are also counted in
@@ -36,6 +37,7 @@ TARGETS = {
     "check_s": 3.0,
     "small_op_ratio": 1.5,
     "large_op_ratio": 1.1,
+    "compile_pointwise_ratio": 0.7,
 }
 
 
@@ -96,6 +98,39 @@ DEVICE_BENCH = textwrap.dedent(
 )
 
 
+COMPILE_BENCH = textwrap.dedent(
+    """
+    import json, sys, timeit, torch
+    dev = sys.argv[1]
+    def ratio(compiled, eager, number, repeat=7):
+        # compiled/eager time on the device, timed in alternation (median of the pairs' ratios)
+        compiled(), eager()
+        pairs = []
+        for _ in range(repeat):
+            c = timeit.timeit(compiled, number=number)
+            e = timeit.timeit(eager, number=number)
+            pairs.append((c / e, c / number, e / number))
+        return sorted(pairs)[repeat // 2]
+    sync = getattr(torch, dev).synchronize
+    def chain(x):
+        return ((x * 2 + 1).sin() * x.cos() - x.tanh()).relu() + 0.5
+    x = torch.randn(1 << 20, device=dev)
+    fused = torch.compile(chain, fullgraph=True)
+    pointwise = ratio(lambda: (fused(x), sync()), lambda: (chain(x), sync()), 20)
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512),
+                              torch.nn.Linear(512, 256)).to(dev)
+    inp = torch.randn(64, 256, device=dev)
+    compiled_mlp = torch.compile(mlp, fullgraph=True)
+    with torch.no_grad():
+        mlp_r = ratio(lambda: (compiled_mlp(inp), sync()), lambda: (mlp(inp), sync()), 50)
+    print(json.dumps({"compile_pointwise_ratio": pointwise[0], "compile_pointwise_ms": pointwise[1] * 1e3,
+                      "eager_pointwise_ms": pointwise[2] * 1e3, "compile_mlp_ratio": mlp_r[0],
+                      "compile_mlp_ms": mlp_r[1] * 1e3, "eager_mlp_ms": mlp_r[2] * 1e3}))
+    """
+)
+
+
 INSTR_BENCH = textwrap.dedent(
     """
     import os, subprocess, sys, torch
@@ -152,78 +187,94 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "latest.json")
     ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts (about a minute and a half)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="only torch.compile's figures: compiled vs eager on the device (a build and a minute)")
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
     work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
     root = work / "proj"
     res: dict[str, float] = {}
     env = dict(os.environ)
+    tu: dict[str, float] = {}
     try:
-        # the machine's speed today: every figure below scales with these (none has a target)
-        res["ref_python_start_s"] = _median(lambda: _time([sys.executable, "-c", "pass"]), 5)
-        res["ref_import_torch_s"] = _median(lambda: _time([sys.executable, "-c", "import torch"],
-                                                          env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")), 3)
-        res["help_s"] = _median(lambda: _time(_bg("--help")), max(args.runs, 5))
+        if args.compile_only:
+            _time(_bg("new", device, "-o", str(root)))
+            res.update(_device_figures(COMPILE_BENCH, device, env))
+        else:
+            # the machine's speed today: every figure below scales with these (none has a target)
+            res["ref_python_start_s"] = _median(lambda: _time([sys.executable, "-c", "pass"]), 5)
+            res["ref_import_torch_s"] = _median(lambda: _time([sys.executable, "-c", "import torch"],
+                                                              env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")), 3)
+            res["help_s"] = _median(lambda: _time(_bg("--help")), max(args.runs, 5))
 
-        def render():
-            d = work / f"r{uuid.uuid4().hex[:6]}"
-            t = _time(_bg("new", device, "-o", str(d), "--no-build"))
-            shutil.rmtree(d)
-            return t
+            def render():
+                d = work / f"r{uuid.uuid4().hex[:6]}"
+                t = _time(_bg("new", device, "-o", str(d), "--no-build"))
+                shutil.rmtree(d)
+                return t
 
-        res["render_s"] = _median(render, args.runs)
+            res["render_s"] = _median(render, args.runs)
 
-        # cold build without ccache, so it is the compiler's time
-        _time(_bg("new", device, "-o", str(root), "--no-build"))
-        cold_env = dict(env, BACKENDGEN_NO_CCACHE="1", TORCH_NO_COMPILER_WRAPPER="1")
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
-                        f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
-                       env=cold_env, check=True)
-        res["cold_build_s"] = time.perf_counter() - t0
-        # the compile alone, without pip's own work: setup.py from a clean build/ (ninja's log
-        # then gives the time of each translation unit)
-        shutil.rmtree(root / "build", ignore_errors=True)
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root, env=dict(cold_env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
-                       check=True, capture_output=True)
-        res["cold_build_ext_s"] = time.perf_counter() - t0
-        tu = ninja_tu_times(root)
+            # cold build without ccache, so it is the compiler's time
+            _time(_bg("new", device, "-o", str(root), "--no-build"))
+            cold_env = dict(env, BACKENDGEN_NO_CCACHE="1", TORCH_NO_COMPILER_WRAPPER="1")
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
+                            f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
+                           env=cold_env, check=True)
+            res["cold_build_s"] = time.perf_counter() - t0
+            # the compile alone, without pip's own work: setup.py from a clean build/ (ninja's log
+            # then gives the time of each translation unit)
+            shutil.rmtree(root / "build", ignore_errors=True)
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root, env=dict(cold_env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
+                           check=True, capture_output=True)
+            res["cold_build_ext_s"] = time.perf_counter() - t0
+            tu = ninja_tu_times(root)
 
-        # what a user runs after an edit; ccache on, as backendgen sets it up. The first rebuild is
-        # not a figure: the cold build_ext above ran without backendgen, which keeps no record of
-        # it, so that rebuild goes through setup.py; later ones run ninja and the link alone.
-        rebuild = _bg("build", "--project", str(root))
-        _time(rebuild)
-        res["noop_rebuild_s"] = _median(lambda: _time(rebuild), args.runs)
+            # what a user runs after an edit; ccache on, as backendgen sets it up. The first rebuild is
+            # not a figure: the cold build_ext above ran without backendgen, which keeps no record of
+            # it, so that rebuild goes through setup.py; later ones run ninja and the link alone.
+            rebuild = _bg("build", "--project", str(root))
+            _time(rebuild)
+            res["noop_rebuild_s"] = _median(lambda: _time(rebuild), args.runs)
 
-        kernel = root / "csrc" / "aten" / "ops" / "mul.cpp"
-        original = kernel.read_text()
+            kernel = root / "csrc" / "aten" / "ops" / "mul.cpp"
+            original = kernel.read_text()
 
-        def edit():
-            # a change to the code, not a comment: ccache would serve a comment-only edit from its cache
-            tag = uuid.uuid4().hex[:12]
-            kernel.write_text(original + f"\nnamespace {{ [[maybe_unused]] int edit_{tag} = 1; }}\n")
-            return _time(rebuild)
+            def edit():
+                # a change to the code, not a comment: ccache would serve a comment-only edit from its cache
+                tag = uuid.uuid4().hex[:12]
+                kernel.write_text(original + f"\nnamespace {{ [[maybe_unused]] int edit_{tag} = 1; }}\n")
+                return _time(rebuild)
 
-        res["edit_rebuild_s"] = _median(edit, args.runs)
-        kernel.write_text(original)
-        _time(rebuild)
+            res["edit_rebuild_s"] = _median(edit, args.runs)
+            kernel.write_text(original)
+            _time(rebuild)
 
-        res["add_op_s"] = _time(_bg("add-op", "abs.out", "--project", str(root)))
-        res["check_s"] = _median(lambda: _time(_bg("check", "--project", str(root))), args.runs)
+            res["add_op_s"] = _time(_bg("add-op", "abs.out", "--project", str(root)))
+            res["check_s"] = _median(lambda: _time(_bg("check", "--project", str(root))), args.runs)
 
-        out = subprocess.run([sys.executable, "-c", DEVICE_BENCH, device], capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            raise SystemExit(out.stderr)
-        res.update(json.loads(out.stdout.strip().splitlines()[-1]))
-        if not args.no_instructions:
-            res.update(small_op_instructions(device, env))
-            res.update(render_instructions(device, work, env))
+            res.update(_device_figures(DEVICE_BENCH, device, env))
+            res.update(_device_figures(COMPILE_BENCH, device, env))
+            if not args.no_instructions:
+                res.update(small_op_instructions(device, env))
+                res.update(render_instructions(device, work, env))
     finally:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", f"torch-{device}"], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
+    _report(res, tu, args.json)
 
+
+def _device_figures(program: str, device: str, env: dict) -> dict[str, float]:
+    """Run one of the programs above on the installed backend; its last line is the JSON of its figures."""
+    out = subprocess.run([sys.executable, "-c", program, device], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _report(res: dict, tu: dict, json_path: Path) -> None:
     print(f"{'figure':<22}{'measured':>12}{'target':>10}")
     for k, v in res.items():
         target = TARGETS.get(k)
@@ -233,9 +284,9 @@ def main() -> None:
         print("\nper translation unit (cold build, s):")
         for name, secs in sorted(tu.items(), key=lambda kv: -kv[1]):
             print(f"  {secs:7.1f}  {name}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"figures": res, "targets": TARGETS, "translation_units": tu}, indent=2))
-    print(f"\nwritten {args.json}")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"figures": res, "targets": TARGETS, "translation_units": tu}, indent=2))
+    print(f"\nwritten {json_path}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def test_the_generated_backend_passes_its_distributed_tests(built_project):
     log = built_project / "build" / "backendgen-distributed.log"
     text = log.read_text() if log.exists() else "(no log)"
     assert out.returncode == 0, out.stdout + out.stderr + text[-6000:]
-    assert "project tests: passed" in out.stdout and "distributed tests: passed" in out.stdout, out.stdout
+    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout
     # all four ran (none skipped or deselected) and passed
     assert re.search(rf"\b{len(DISTRIBUTED_TESTS)} passed\b", text) and "skipped" not in text, text[-3000:]
 
@@ -34,7 +34,7 @@ def test_distributed_needs_a_project_with_multi_process_tests(project_copy):
     shutil.rmtree(project_copy / "tests" / "distributed")
     out = run_cli("test", "--distributed", "--project", str(project_copy))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "has no multi-process tests (tests/distributed)" in out.stdout + out.stderr
+    assert "has no multi-process tests (tests/distributed, template 7 and later)" in out.stdout + out.stderr
 
 
 def test_the_distributed_tests_are_opt_in(built_project):

@@ -2,7 +2,8 @@
 
 For each tested torch: a FRESH virtualenv with `torch==X` and this repo installed plainly (a wheel
 built once per session, no extras), then in an empty directory `backendgen new`, `add-op` of a few
-operators (structured ones included) and `check`, each through the real command. Then the upgrade:
+operators (structured ones included), `check` and `test --compile` (torch.compile with that torch's
+Dynamo and Inductor), each through the real command. Then the upgrade:
 a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or changed, checked
 under 2.14.1, fixed with the steps of docs/upgrading.md.
 
@@ -64,6 +65,9 @@ class Venv:
         path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != outer_bin]
         env["PATH"] = os.pathsep.join([str(self.bin), *path])
         env["VIRTUAL_ENV"] = str(self.path)
+        # A machine-wide pip constraint can cap torch below a tested release (this repo's CI machine
+        # has had /etc/xdg/pip capping it at 2.14.1): these venvs install exact versions, uncapped.
+        env["PIP_CONSTRAINT"] = os.devnull
         return env
 
     def run(self, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -146,6 +150,10 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         report = json.loads(venv.run("backendgen", "check", "--json", cwd=project).stdout)
         assert report["errors"] == 0 and report["warnings"] == 0, report["findings"]
         assert any(f["detail"].get("kind") == "tested" for f in report["findings"])
+        # torch.compile on the device with this torch's Dynamo and Inductor (compiler/ in the project)
+        compiled = venv.run("backendgen", "test", "--compile", cwd=project)
+        assert compiled.returncode == 0 and "torch.compile tests: passed" in compiled.stdout, (
+            compiled.stdout + compiled.stderr + (project / "build" / "backendgen-compile.log").read_text()[-4000:])
     finally:
         venv.uninstall_backends()  # one PrivateUse1 backend per environment: leave room for the next test
     TIMINGS[f"matrix torch {version}"] = time.monotonic() - start

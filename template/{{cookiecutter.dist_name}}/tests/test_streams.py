@@ -14,6 +14,8 @@ def test_streams():
     torch.accelerator.set_stream(default)
     assert s.query()
     s.synchronize()
+    # the handle generated code passes to the SDK (Inductor's get_raw_stream): one per stream
+    assert isinstance(s.native_handle, int) and s.native_handle != default.native_handle
 
 
 def test_events_and_elapsed_time():

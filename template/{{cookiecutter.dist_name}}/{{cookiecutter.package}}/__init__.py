@@ -3,8 +3,9 @@
 Importing this package loads the C++ runtime (allocators, device guard, hooks, kernels, CPU
 fallback — all registered when the library loads), names the PrivateUse1 backend
 "{{ cookiecutter.device }}", registers `torch.{{ cookiecutter.device }}` and generates the tensor, module and storage methods
-(`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`) and registers the collective backend
-"{{ cookiecutter.device }}ccl" for torch.distributed (distributed.py). Plain `import torch` does all
+(`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`), registers the collective backend
+"{{ cookiecutter.device }}ccl" for torch.distributed (distributed.py), and makes the device known to
+torch.compile once Dynamo or Inductor is imported (compiler/). Plain `import torch` does all
 of this through the `torch.backends` entry point ({{ cookiecutter.package }}_autoload.py).
 """
 
@@ -34,6 +35,7 @@ _check_private_use1_is_free()
 
 from {{ cookiecutter.package }} import _C  # noqa: E402, F401  (loads and registers the C++ runtime)
 from {{ cookiecutter.package }} import _exit  # noqa: E402
+from {{ cookiecutter.package }} import compiler as _compiler  # noqa: E402
 from {{ cookiecutter.package }} import device_module as _device_module  # noqa: E402
 from {{ cookiecutter.package }} import distributed as _distributed  # noqa: E402
 
@@ -50,4 +52,5 @@ def _register() -> None:
 
 _register()
 _distributed.register()  # the c10d backend for torch.distributed (distributed.py)
+_compiler.install()
 _exit.install()

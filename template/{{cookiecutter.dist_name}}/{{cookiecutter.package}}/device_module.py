@@ -1,13 +1,18 @@
 """`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
 
 Devices (is_available, device_count, current_device, set_device, the `device` context manager,
-synchronize), streams and events under torch.cuda's names (`Stream`, `Event`, `current_stream`,
-`stream`: FSDP calls them), memory (statistics, capacity), the CPU fallback's counters, and — re-exported from
-their own modules — random number generation and autocast support. What a hardware team replaces:
-nothing; these call into the C++ runtime.
+synchronize, is_initialized, properties), streams and events (FSDP's `fully_shard` uses them),
+memory (statistics, capacity), the CPU fallback's counters, and — re-exported from their own
+modules — random number generation and autocast support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
+compiler/inductor.py, imported on first use. What a hardware team replaces: the device properties
+(`get_device_properties`, from its SDK); the rest calls into the C++ runtime.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
 
 import torch
 
@@ -65,6 +70,68 @@ def synchronize(device=None) -> None:
     _C.synchronize(_index(device))
 
 
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.{{ cookiecutter.device }}.get_device_properties()` reports (Inductor reads multi_processor_count)."""
+
+    name: str
+    total_memory: int
+    multi_processor_count: int
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    index = _index(device)
+    # The emulated device computes on the host: its parallelism is the host's cores.
+    return DeviceProperties(
+        name=f"{_DEVICE} (emulated on host memory)",
+        total_memory=_C.mem_info(index)[1],
+        multi_processor_count=os.cpu_count() or 1,
+    )
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
+
+
+def get_device_capability(device=None) -> str:
+    """A code generator's target name for the device ("" on the emulated device: no variants)."""
+    _index(device)
+    return ""
+
+
+def is_initialized() -> bool:
+    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
+    return not _C.is_in_bad_fork()
+
+
+# --- streams and events (torch.Stream / torch.Event on this device; csrc/runtime/guard.cpp) ----
+
+Stream = torch.Stream
+Event = torch.Event
+
+
+def current_stream(device=None) -> torch.Stream:
+    return torch.accelerator.current_stream(_index(device))
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream | None):
+    """Make `stream` current on its device for the block (None: leave the current stream)."""
+    if stream is None:
+        yield
+        return
+    previous = current_stream(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
+
+
 def _is_in_bad_fork() -> bool:
     return _C.is_in_bad_fork()
 
@@ -75,51 +142,6 @@ def _lazy_init() -> None:
             f"cannot use the {_DEVICE} device in a process forked after the parent used it; "
             "use the 'spawn' multiprocessing start method"
         )
-
-
-def is_initialized() -> bool:
-    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
-    return not _C.is_in_bad_fork()
-
-
-# --- streams and events, under the names torch.cuda uses (FSDP's `fully_shard` calls these) -----
-
-def _this_device(device=None) -> torch.device:
-    return torch.device(_DEVICE, _index(device) if device is not None else _C.current_device())
-
-
-def Stream(device=None, priority: int = 0) -> torch.Stream:  # noqa: N802  (torch.cuda.Stream's name)
-    return torch.Stream(device=_this_device(device), priority=priority)
-
-
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
-    return torch.Event(device=_this_device(), enable_timing=enable_timing, blocking=blocking, interprocess=interprocess)
-
-
-def current_stream(device=None) -> torch.Stream:
-    return torch.accelerator.current_stream(_this_device(device))
-
-
-def set_stream(stream: torch.Stream) -> None:
-    torch.accelerator.set_stream(stream)
-
-
-class stream:  # noqa: N801  (torch.cuda.stream's name)
-    """Context manager that makes `stream` current on its device."""
-
-    def __init__(self, stream):
-        self.stream, self.prev = stream, None
-
-    def __enter__(self):
-        if self.stream is not None:
-            self.prev = torch.accelerator.current_stream(self.stream.device)
-            torch.accelerator.set_stream(self.stream)
-        return self.stream
-
-    def __exit__(self, *exc):
-        if self.prev is not None:
-            torch.accelerator.set_stream(self.prev)
-        return False
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -183,3 +205,21 @@ def set_layout_tag(tensor: torch.Tensor, tagged: bool) -> None:
 
 def layout_tag(tensor: torch.Tensor) -> bool:
     return torch.ops.{{ cookiecutter.package }}.layout_tag(tensor)
+
+
+# --- torch.compile (compiler/) ------------------------------------------------------------------
+
+def _inductor_backend_init() -> None:
+    """Inductor's hook for a PrivateUse1 backend (torch 2.15 and later call it when they set up
+    their backends): importing compiler/inductor.py registers the code generator."""
+    from {{ cookiecutter.package }}.compiler import inductor  # noqa: F401
+
+
+def __getattr__(name: str):
+    """Inductor asks a PrivateUse1 device module for its code generator by these names (torch 2.13
+    and 2.14; later ones call `_inductor_backend_init` above and fall back to these)."""
+    from {{ cookiecutter.package }} import compiler
+
+    if name in compiler.INDUCTOR_HOOKS:
+        return compiler.inductor_hook(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

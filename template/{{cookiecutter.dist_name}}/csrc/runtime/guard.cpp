@@ -6,6 +6,7 @@
 // replaces: nothing here — the driver's stream and event calls become the SDK's.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -119,6 +120,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   void synchronizeStream(const c10::Stream& stream) const override {
     {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(stream.device_index(), stream.id()));
+  }
+  // torch.Stream.native_handle: what generated code (Inductor's get_raw_stream) hands the SDK.
+  // The emulated driver's stream handle is the stream's id; an SDK returns its own stream object.
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    return reinterpret_cast<void*>(static_cast<intptr_t>(stream.id()));
   }
   void synchronizeDevice(const c10::DeviceIndex device) const override {
     check_device(device);
