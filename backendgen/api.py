@@ -21,7 +21,7 @@ from backendgen import __version__, build, kernelgen, naming, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
-from backendgen.project import COMPILE_TESTS, METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
+from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
 
 
 def _torch_note(version: str, rep: Reporter) -> str | None:
@@ -550,6 +550,8 @@ class OptInSuite:
 
 OPT_IN_SUITES = (
     OptInSuite("compile", "compile", COMPILE_TESTS, "torch.compile tests", 6),
+    # the template version is the one the collective backend is merged as
+    OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 7),
 )
 
 
@@ -582,7 +584,7 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
                  strict: bool = False, write_expected: Path | None = None,
                  reporter: Reporter | None = None) -> TestResult:
     """Run the project's tests; with `opinfo` also its conformance suite (backendgen.conformance);
-    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile"). Failures are in the result
+    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed"). Failures are in the result
     (exit_code 1); bad arguments raise UserError."""
     from backendgen import conformance
     from backendgen.errors import TestFailure

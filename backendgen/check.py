@@ -81,6 +81,9 @@ PY_APIS = [
     "torch.Event",
     "torch._import_device_backends",
     "torch._C._dispatch_find_dangling_impls",
+    # the collective backend ({package}/distributed.py): a Python ProcessGroup over gloo
+    "torch.distributed.Backend.register_backend",
+    "torch.distributed.ProcessGroupGloo",
 ]
 
 _PROBE = r"""

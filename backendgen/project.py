@@ -27,6 +27,7 @@ METADATA_FORMAT = 1
 LOCK_FILE = ".backendgen.lock"
 REGISTRATION_FILE = "csrc/aten/ops/generated/registration.cpp"  # every add-op kernel's m.impl, generated
 COMPILE_TESTS = "tests/test_compile.py"  # torch.compile on the device (opt-in: pytest -m compile)
+DISTRIBUTED_TESTS = "tests/distributed"  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
 _REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
 
 

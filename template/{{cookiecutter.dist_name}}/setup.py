@@ -7,7 +7,8 @@ Why the sources are grouped: every translation unit that includes torch's header
 them (2-7 s for narrow ATen/c10 headers, up to 35 s for <torch/extension.h>). Each integration
 point keeps its own readable file, but the build compiles a few "unity" files that #include the
 real ones, grouped by header weight: driver+runtime (c10 only), aten (dispatcher, fallback,
-autocast, serialization), ops (the add-op kernels: ATen/core headers only), registration (the
+autocast, serialization, and csrc/distributed: host views for the collective backend), ops (the
+add-op kernels: ATen/core headers only), registration (the
 generated m.impl lines of those kernels: torch/library.h) and python (the CPython API only).
 Editing a kernel recompiles only the ops unit. That, and -g0, turns a minutes-long build into
 tens of seconds on two cores. Set {{ cookiecutter.DEVICE }}_UNITY_BUILD=0 to compile every file on its own
@@ -31,7 +32,7 @@ ROOT = Path(__file__).parent.resolve()
 CSRC = ROOT / "csrc"
 GROUPS = {
     "runtime": ["driver", "runtime"],
-    "aten": ["aten"],
+    "aten": ["aten", "distributed"],
     "ops": ["aten/ops"],
     "registration": ["aten/ops/generated"],
     "python": ["python"],

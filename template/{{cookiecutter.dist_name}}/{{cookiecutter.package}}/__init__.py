@@ -3,7 +3,8 @@
 Importing this package loads the C++ runtime (allocators, device guard, hooks, kernels, CPU
 fallback — all registered when the library loads), names the PrivateUse1 backend
 "{{ cookiecutter.device }}", registers `torch.{{ cookiecutter.device }}` and generates the tensor, module and storage methods
-(`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`), and makes the device known to
+(`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`), registers the collective backend
+"{{ cookiecutter.device }}ccl" for torch.distributed (distributed.py), and makes the device known to
 torch.compile once Dynamo or Inductor is imported (compiler/). Plain `import torch` does all
 of this through the `torch.backends` entry point ({{ cookiecutter.package }}_autoload.py).
 """
@@ -36,6 +37,7 @@ from {{ cookiecutter.package }} import _C  # noqa: E402, F401  (loads and regist
 from {{ cookiecutter.package }} import _exit  # noqa: E402
 from {{ cookiecutter.package }} import compiler as _compiler  # noqa: E402
 from {{ cookiecutter.package }} import device_module as _device_module  # noqa: E402
+from {{ cookiecutter.package }} import distributed as _distributed  # noqa: E402
 
 
 def _register() -> None:
@@ -49,5 +51,6 @@ def _register() -> None:
 
 
 _register()
+_distributed.register()  # the c10d backend for torch.distributed (distributed.py)
 _compiler.install()
 _exit.install()

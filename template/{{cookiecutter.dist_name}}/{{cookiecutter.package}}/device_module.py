@@ -1,9 +1,9 @@
 """`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
 
 Devices (is_available, device_count, current_device, set_device, the `device` context manager,
-synchronize, properties), streams and events, memory (statistics, capacity), the CPU fallback's
-counters, and — re-exported from their own modules — random number generation and autocast
-support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
+synchronize, is_initialized, properties), streams and events (FSDP's `fully_shard` uses them),
+memory (statistics, capacity), the CPU fallback's counters, and — re-exported from their own
+modules — random number generation and autocast support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
 compiler/inductor.py, imported on first use. What a hardware team replaces: the device properties
 (`get_device_properties`, from its SDK); the rest calls into the C++ runtime.
 """
@@ -97,6 +97,11 @@ def get_device_capability(device=None) -> str:
     """A code generator's target name for the device ("" on the emulated device: no variants)."""
     _index(device)
     return ""
+
+
+def is_initialized() -> bool:
+    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
+    return not _C.is_in_bad_fork()
 
 
 # --- streams and events (torch.Stream / torch.Event on this device; csrc/runtime/guard.cpp) ----

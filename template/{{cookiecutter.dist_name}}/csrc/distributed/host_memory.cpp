@@ -1,0 +1,42 @@
+// Host views of device memory for the collective backend ({{ cookiecutter.package }}/distributed.py).
+//
+// The emulated device's memory is host memory, so the emulated collective transport hands gloo
+// CPU tensors that alias the device tensors (no copy): gloo reads and writes device memory in
+// place. This file gives Python that alias as a custom operator,
+// torch.ops.{{ cookiecutter.package }}.host_view(t). Unlike the kernels' host_alias (kernel_support.h), the view
+// owns a reference to the device storage: a collective in flight keeps its memory alive even if
+// Python drops the device tensor (a temporary buffer, say) before the collective completes.
+// What a hardware team replaces: nothing here. A collective library that takes device pointers
+// gets device tensors from distributed.py's Transport and never calls this operator; delete it
+// with the emulated transport.
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+#include <torch/library.h>
+
+namespace {{ cookiecutter.device }}::distributed {
+namespace {
+
+void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+// A CPU tensor over the bytes of the device tensor `t`: same sizes, strides, offset and dtype.
+at::Tensor host_view(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "host_view: expected a {{ cookiecutter.device }} tensor, got ",
+              t.device());
+  TORCH_CHECK(!t.is_conj() && !t.is_neg(), "host_view: resolve the conjugate/negative bit first (resolve_conj())");
+  const c10::Storage& st = t.storage();
+  auto* keep = new c10::Storage(st);  // released with the view's memory
+  c10::DataPtr ptr(st.mutable_data(), keep, &release_storage, c10::Device(c10::DeviceType::CPU));
+  c10::Storage host(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(ptr), /*allocator=*/nullptr,
+                    /*resizable=*/false);
+  auto view = at::detail::make_tensor<c10::TensorImpl>(std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                       t.dtype());
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return view;
+}
+
+}  // namespace
+}  // namespace {{ cookiecutter.device }}::distributed
+
+TORCH_LIBRARY_FRAGMENT({{ cookiecutter.package }}, m) {
+  m.def("host_view(Tensor(a) self) -> Tensor(a)", &{{ cookiecutter.device }}::distributed::host_view);
+}

@@ -1,0 +1,46 @@
+"""The collective backend's registration, in this process (the multi-process tests are
+tests/distributed, opt-in: `pytest -m distributed`)."""
+
+import datetime
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("this torch is built without torch.distributed", allow_module_level=True)
+
+
+def test_the_device_has_a_default_collective_backend():
+    assert dist.Backend.default_device_backend_map[DEVICE] == f"{DEVICE}ccl"
+    assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
+
+
+def test_init_process_group_without_a_backend_serves_device_and_cpu_tensors(tmp_path):
+    from {{ cookiecutter.package }}.distributed import DeviceProcessGroup
+
+    dist.init_process_group(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        assert isinstance(dist.group.WORLD, DeviceProcessGroup)
+        t = torch.arange(4.0, device=DEVICE)
+        dist.all_reduce(t)
+        assert t.device.type == DEVICE and t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        out = torch.zeros(4, device=DEVICE)
+        dist.all_gather_into_tensor(out, t, async_op=True).wait()
+        assert out.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+        c = torch.ones(3)
+        dist.all_reduce(c)
+        assert c.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_host_view_aliases_device_memory():
+    t = torch.zeros(2, 3, device=DEVICE)
+    view = torch.ops.{{ cookiecutter.package }}.host_view(t.t())
+    assert view.device.type == "cpu" and view.shape == (3, 2) and view.stride() == (1, 3)
+    view[1, 0] = 7.0
+    assert t.cpu()[0, 1].item() == 7.0

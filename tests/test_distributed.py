@@ -1,0 +1,53 @@
+"""The collective backend every generated project carries ({package}/distributed.py) and
+`backendgen test --distributed`: the project's multi-process tests on the session's backend —
+every collective on 2 and 4 processes, DDP and FSDP equal to a single-process step, a failing
+rank, torchrun running the README's example."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+from conftest import run_cli
+
+DISTRIBUTED_TESTS = [
+    "test_two_processes_collectives_ddp_and_fsdp",
+    "test_four_processes_collectives_and_ddp",
+    "test_a_failing_rank_fails_the_job_without_a_hang",
+    "test_torchrun_trains_the_example",
+]
+
+
+def test_the_generated_backend_passes_its_distributed_tests(built_project):
+    out = run_cli("test", "--distributed", "--project", str(built_project))
+    log = built_project / "build" / "backendgen-distributed.log"
+    text = log.read_text() if log.exists() else "(no log)"
+    assert out.returncode == 0, out.stdout + out.stderr + text[-6000:]
+    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout
+    # all four ran (none skipped or deselected) and passed
+    assert re.search(rf"\b{len(DISTRIBUTED_TESTS)} passed\b", text) and "skipped" not in text, text[-3000:]
+
+
+def test_distributed_needs_a_project_with_multi_process_tests(project_copy):
+    shutil.rmtree(project_copy / "tests" / "distributed")
+    out = run_cli("test", "--distributed", "--project", str(project_copy))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "has no multi-process tests (tests/distributed, template 7 and later)" in out.stdout + out.stderr
+
+
+def test_the_distributed_tests_are_opt_in(built_project):
+    """The project's default pytest run (the one `backendgen new` and `build --test` run) leaves
+    the multi-process tests out; `-m distributed` selects exactly them."""
+    def collected(*args):
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                              cwd=built_project, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [ln for ln in proc.stdout.splitlines() if "::" in ln]
+
+    default = collected()
+    assert default and not [t for t in default if t.startswith("tests/distributed/")], default
+    assert any(t.startswith("tests/test_distributed.py::") for t in default)  # the quick, single-process ones
+    opted = collected("-m", "distributed")
+    assert sorted(t.rsplit("::", 1)[1] for t in opted) == sorted(DISTRIBUTED_TESTS), opted
