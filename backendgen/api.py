@@ -550,8 +550,7 @@ class OptInSuite:
 
 OPT_IN_SUITES = (
     OptInSuite("compile", "compile", COMPILE_TESTS, "torch.compile tests", 6),
-    # the template version is the one the collective backend is merged as
-    OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 7),
+    OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 6),
 )
 
 

@@ -34,7 +34,7 @@ def test_distributed_needs_a_project_with_multi_process_tests(project_copy):
     shutil.rmtree(project_copy / "tests" / "distributed")
     out = run_cli("test", "--distributed", "--project", str(project_copy))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "has no multi-process tests (tests/distributed, template 7 and later)" in out.stdout + out.stderr
+    assert "has no multi-process tests (tests/distributed, template 6 and later)" in out.stdout + out.stderr
 
 
 def test_the_distributed_tests_are_opt_in(built_project):
