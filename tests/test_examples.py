@@ -18,7 +18,7 @@ from backendgen import api, build
 from conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-TESTED = {"train", "checkpoint", "fallback_report", "custom_op", "compile"}
+TESTED = {"train", "checkpoint", "fallback_report", "custom_op", "compile", "train_ddp"}
 
 
 
@@ -118,6 +118,14 @@ def test_compile(installed, tmp_path):
     out = _ok(run_example("compile", cwd=tmp_path))
     assert f"compiled training on {dev} matched eager for 3 steps" in out
     assert re.search(r"eager ran .*aten::sin.* on the CPU fallback; compiled: nothing", out)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_train_ddp_matches_one_process_on_the_whole_batch(installed, tmp_path, nproc):
+    dev = _device(installed)
+    out = _ok(run_example("train_ddp", "--nproc", str(nproc), cwd=tmp_path, timeout=600))
+    assert f"{nproc} processes on {dev} (c10d backend '{dev}ccl'), 10 DDP steps" in out
+    assert "every rank holds the parameters one process gets on the whole batch" in out
 
 
 def test_examples_refuse_without_a_backend_and_for_another_device(installed, tmp_path):
