@@ -68,20 +68,24 @@ def ninja_tu_times(root: Path) -> dict[str, float]:
     return times
 
 
-DEVICE_BENCH = textwrap.dedent(
+# The start of each program below: `ratio(a, b, number)` times a and b in alternation and returns
+# the median of the pairs' (a/b, a per call, b per call). The machine's speed drifts over seconds,
+# and a ratio of two separate blocks would measure the drift.
+_RATIO = """
+import json, sys, timeit, torch
+dev = sys.argv[1]
+def ratio(fn_a, fn_b, number, repeat=9):
+    fn_a(), fn_b()
+    pairs = []
+    for _ in range(repeat):
+        a = timeit.timeit(fn_a, number=number)
+        b = timeit.timeit(fn_b, number=number)
+        pairs.append((a / b, a / number, b / number))
+    return sorted(pairs)[repeat // 2]
+"""
+
+DEVICE_BENCH = _RATIO + textwrap.dedent(
     """
-    import json, sys, timeit, torch
-    dev = sys.argv[1]
-    def ratio(fn_dev, fn_cpu, number, repeat=9):
-        # device and CPU timed in alternation, the median of the pairs' ratios: the machine's
-        # speed drifts over seconds, and a ratio of two separate blocks would measure the drift
-        fn_dev(), fn_cpu()
-        pairs = []
-        for _ in range(repeat):
-            d = timeit.timeit(fn_dev, number=number)
-            c = timeit.timeit(fn_cpu, number=number)
-            pairs.append((d / c, d / number, c / number))
-        return sorted(pairs)[repeat // 2]
     a, b = torch.randn(16), torch.randn(16)
     ad, bd = a.to(dev), b.to(dev)
     small = ratio(lambda: ad + bd, lambda: a + b, 20000)
@@ -98,19 +102,9 @@ DEVICE_BENCH = textwrap.dedent(
 )
 
 
-COMPILE_BENCH = textwrap.dedent(
+COMPILE_BENCH = _RATIO + textwrap.dedent(
     """
-    import json, sys, timeit, torch
-    dev = sys.argv[1]
-    def ratio(compiled, eager, number, repeat=7):
-        # compiled/eager time on the device, timed in alternation (median of the pairs' ratios)
-        compiled(), eager()
-        pairs = []
-        for _ in range(repeat):
-            c = timeit.timeit(compiled, number=number)
-            e = timeit.timeit(eager, number=number)
-            pairs.append((c / e, c / number, e / number))
-        return sorted(pairs)[repeat // 2]
+    # compiled against eager on the device
     sync = getattr(torch, dev).synchronize
     def chain(x):
         return ((x * 2 + 1).sin() * x.cos() - x.tanh()).relu() + 0.5

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api
+from backendgen import api, build
 
 # The session installs a generated backend (editable) into this environment. This process started
 # before that install, so its import system cannot find the package that torch's autoload entry
@@ -68,6 +69,15 @@ def built_project(tmp_path_factory) -> Path:
         [sys.executable, "-m", "pip", "uninstall", "-y", "-q", res.names.dist_name],
         check=False, capture_output=True,
     )
+
+
+@pytest.fixture
+def installed(built_project) -> Path:
+    """The session's project, as what `import torch` loads: other tests install copies of it (same
+    device name, other operators), so it is reinstalled when it is not the one installed."""
+    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
+        api.build_backend(built_project)
+    return built_project
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -84,14 +83,6 @@ def _key(table, block: Block, command: str):
             return key
     return None
 
-
-@pytest.fixture
-def installed(built_project) -> Path:
-    """The session's project, as what `import torch` loads: other tests install copies of it (same
-    device name, other operators), so it is reinstalled when it is not the one installed."""
-    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
-        api.build_backend(built_project)
-    return built_project
 
 @dataclass
 class Block:

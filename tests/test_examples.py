@@ -14,21 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build
 from conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TESTED = {"train", "checkpoint", "fallback_report", "custom_op", "compile", "train_ddp"}
 
-
-
-@pytest.fixture
-def installed(built_project) -> Path:
-    """The session's project, as what `import torch` loads: other tests install copies of it (same
-    device name, other operators), so it is reinstalled when it is not the one installed."""
-    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
-        api.build_backend(built_project)
-    return built_project
 
 def _device(root: Path) -> str:
     return json.loads((root / "backendgen.json").read_text())["device"]
