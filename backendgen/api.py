@@ -583,8 +583,8 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
                  strict: bool = False, write_expected: Path | None = None,
                  reporter: Reporter | None = None) -> TestResult:
     """Run the project's tests; with `opinfo` also its conformance suite (backendgen.conformance);
-    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed"). Failures are in the result
-    (exit_code 1); bad arguments raise UserError."""
+    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed"). Failures
+    are in the result (exit_code 1); bad arguments raise UserError."""
     from backendgen import conformance
     from backendgen.errors import TestFailure
 
