@@ -17,7 +17,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, build, kernelgen, naming, render, support
+from backendgen import __version__, amp, build, customop, kernelgen, naming, overrides, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
@@ -135,6 +135,7 @@ def _writes(where: Path, outcome: str):
 
 
 def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dict) -> dict:
+    table = {"amp": dict(manifest["default_amp"])} if "default_amp" in manifest else {}
     return {
         "format": METADATA_FORMAT,
         "backendgen_version": __version__,
@@ -143,6 +144,7 @@ def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dic
         "num_devices": devices,
         "torch": {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256},
         "ops": [],
+        **table,
     }
 
 
@@ -199,7 +201,31 @@ def _registration_text(project: Project, db: OpDB) -> str:
     fallbacks = []  # before template 5, fallback.cpp keeps run_on_cpu to itself
     if project.template_version >= 5:
         fallbacks = kernelgen.fallback_registrations(db, lambda op: project.covering(op) is not None)
-    return kernelgen.render_registration(project.registrations, device=project.device, fallbacks=fallbacks)
+    return kernelgen.render_registration(
+        project.registrations, device=project.device, fallbacks=fallbacks, custom=_recorded_custom_ops(project),
+        overrides=_recorded_overrides(project, db), amp=amp.entries(project.amp_table or {}),
+    )
+
+
+def _recorded_custom_ops(project: Project) -> list[customop.CustomOp]:
+    out = []
+    for d in project.custom_ops:
+        try:
+            out.append(customop.parse(project.device, d["op"], d["schema"], body=d.get("body"),
+                                      autograd=bool(d.get("autograd"))))
+        except UserError as e:
+            raise ProjectError(f"backendgen.json: the record of {d['op'][:80]} is malformed ({e})") from None
+    return out
+
+
+def _recorded_overrides(project: Project, db: OpDB) -> list[overrides.Override]:
+    """The recorded autograd overrides the installed torch still has (`check` reports the others)."""
+    out = []
+    for d in project.autograd_overrides:
+        op = db.get(d["op"])
+        if op is not None and op.qualified == d["op"]:
+            out.append(overrides.Override(op, project.device))
+    return out
 
 
 def _check_registration(project: Project, db: OpDB) -> bool:
@@ -238,10 +264,7 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
                 f"{rel} exists but backendgen.json does not record it; move it away (or record it) before adding {plan.target.qualified}"
             )
         tx.write(path, text)
-    harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
-    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", harness)):
-        if not (root / rel).exists():
-            tx.write(root / rel, text)
+    _write_test_support(project, tx)
     # one record per kernel in the file: the target's, and the functional's if it has its own
     for op in [plan.target] + ([plan.functional] if plan.functional else []):
         project.add_op(
@@ -285,10 +308,131 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
     return plans, unchanged
 
 
+@dataclass
+class Extras:
+    """What add-op plans besides ATen kernels: the backend's own operators and autograd overrides."""
+    aten: list[str] = field(default_factory=list)  # names left for plan_ops
+    custom: list[customop.CustomOp] = field(default_factory=list)
+    overrides: list[overrides.Override] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def work(self) -> bool:
+        return bool(self.custom or self.overrides)
+
+    @property
+    def tests(self) -> list[str]:
+        return [c.test for c in self.custom] + [o.test for o in self.overrides]
+
+    def files(self, package: str) -> list[tuple[str, list[str]]]:
+        out = [(c.qualified, [c.source, *([c.autograd_source] if c.autograd else []), c.python_module(package), c.test])
+               for c in self.custom]
+        return out + [(o.op.qualified, [o.source, o.test]) for o in self.overrides]
+
+
+def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | None, body: str | None,
+                autograd: bool) -> Extras:
+    """Sort `names` into the backend's own operators (`<device>::NAME`, defined from `schema`), ATen
+    autograd overrides (`autograd`) and plain ATen kernels; refuse what does not fit together."""
+    device = project.device
+    extras = Extras()
+    custom_names = [n for n in names if customop.is_custom_name(n, device)]
+    for n in names:
+        ns, sep, _ = n.strip().partition("::")
+        if sep and ns not in ("aten", device):
+            raise UserError(f"{n[:80]!r}: add-op defines operators in this backend's namespace ({device}::NAME) "
+                            "and writes kernels for aten:: operators")
+    if (schema is not None or body is not None) and len(custom_names) != 1:
+        raise UserError(f"--schema and --body define one operator of this backend: name exactly one {device}::NAME")
+    if (custom_names or autograd) and project.template_version < customop.FIRST_TEMPLATE:
+        raise ProjectError(
+            f"this project is from template {project.template_version}: its setup.py does not compile csrc/custom_ops "
+            f"or csrc/autograd; {device}:: operators and --autograd need template {customop.FIRST_TEMPLATE} "
+            "or newer (docs/upgrading.md)"
+        )
+    recorded_custom = {d["op"]: d for d in project.custom_ops}
+    recorded_overrides = {d["op"] for d in project.autograd_overrides}
+    for n in names:
+        if n in custom_names:
+            c = customop.parse(device, n, schema if schema is not None else recorded_custom.get(
+                f"{device}::{n.strip().removeprefix(device + '::')}", {}).get("schema", ""), body=body, autograd=autograd)
+            rec = recorded_custom.get(c.qualified)
+            if rec is not None:
+                if schema is not None and rec["schema"] != c.schema:
+                    raise ProjectError(f"{c.qualified} is already defined as {rec['schema']}; remove it before "
+                                       "defining it again")
+                extras.unchanged.append(c.qualified)
+                continue
+            if c.qualified in {x.qualified for x in extras.custom}:
+                continue
+            for rel in [c.source, c.python_module(project.package), c.test, *([c.autograd_source] if autograd else [])]:
+                if (project.root / rel).exists():
+                    raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away before "
+                                       f"defining {c.qualified}")
+            extras.custom.append(c)
+            extras.notes += c.notes
+        elif autograd:
+            op = db.resolve(n)
+            ov = overrides.plan(op, device)
+            if op.qualified in recorded_overrides:
+                extras.unchanged.append(op.qualified)
+            elif op.qualified not in {o.op.qualified for o in extras.overrides}:
+                for rel in (ov.source, ov.test):
+                    if (project.root / rel).exists():
+                        raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away "
+                                           f"before overriding {op.qualified}")
+                overrides.render(ov, torch_version=db.torch_version)  # refuses what it cannot write, before writing
+                extras.overrides.append(ov)
+        else:
+            extras.aten.append(n)
+    return extras
+
+
+def _write_custom(project: Project, c: customop.CustomOp, tx: Transaction) -> str:
+    root = project.root
+    files = {c.source: customop.render_kernel(c), c.python_module(project.package): customop.render_wrapper(c, project.package),
+             c.test: customop.render_test(c, project.package)}
+    if c.autograd:
+        files[c.autograd_source] = customop.render_autograd(c)
+    for rel, text in files.items():
+        tx.write(root / rel, text)
+    _write_test_support(project, tx)
+    project.record("custom_ops", {
+        "op": c.qualified, "schema": c.schema, **({"body": c.body} if c.body else {}), "autograd": c.autograd,
+        "source": c.source, **({"autograd_source": c.autograd_source} if c.autograd else {}),
+        "python": c.python_module(project.package), "test": c.test,
+        "source_sha256": sha256_of(root / c.source),
+    })
+    return c.qualified
+
+
+def _write_override(project: Project, ov: overrides.Override, db: OpDB, tx: Transaction) -> str:
+    root = project.root
+    tx.write(root / ov.source, overrides.render(ov, torch_version=db.torch_version))
+    tx.write(root / ov.test, overrides.render_test(ov))
+    _write_test_support(project, tx)
+    project.record("autograd_overrides", {
+        "op": ov.op.qualified, "schema": ov.op.qualified_schema, "signature": ov.op.signature,
+        "source": ov.source, "test": ov.test, "source_sha256": sha256_of(root / ov.source),
+    })
+    return ov.op.qualified
+
+
+def _write_test_support(project: Project, tx: Transaction) -> None:
+    harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
+    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", harness)):
+        if not (project.root / rel).exists():
+            tx.write(project.root / rel, text)
+
+
 def add_ops(
     names: list[str],
     project_dir: Path | None = None,
     *,
+    schema: str | None = None,
+    body: str | None = None,
+    autograd: bool = False,
     build_it: bool = True,
     test_it: bool = True,
     dry_run: bool = False,
@@ -309,18 +453,25 @@ def add_ops(
                     f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed; "
                     "run backendgen check and follow docs/upgrading.md first"
                 )
-            plans, result.unchanged = plan_ops(names, project, db)
-            if plans and build_it and test_it and not dry_run:
+            extras = plan_extras(names, project, db, schema=schema, body=body, autograd=autograd)
+            result.unchanged += extras.unchanged
+            result.notes += extras.notes
+            plans, unchanged = plan_ops(extras.aten, project, db) if extras.aten else ([], [])
+            result.unchanged += unchanged
+            if (plans or extras.work) and build_it and test_it and not dry_run:
                 build.check_test_tools()
             for plan in plans:
                 result.notes.extend(plan.notes)
             rewrite_registration = _check_registration(project, db)
-        if not plans and not rewrite_registration:
+        if not plans and not extras.work and not rewrite_registration:
             return result
         if dry_run:
             for plan in plans:
                 result.files += [project.root / p for p in _paths(plan)]
                 result.added.append(plan.target.qualified)
+            for qualified, files in extras.files(project.package):
+                result.files += [project.root / f for f in files]
+                result.added.append(qualified)
             result.files.append(project.root / REGISTRATION_FILE)
             return result
         tx = Transaction(project.root)
@@ -330,11 +481,13 @@ def add_ops(
                 if so is not None:
                     tx.touch_file(so)  # a rollback also restores the built extension
                 result.added = [_write_op(project, db, plan, tx) for plan in plans]
+                result.added += [_write_custom(project, c, tx) for c in extras.custom]
+                result.added += [_write_override(project, ov, db, tx) for ov in extras.overrides]
                 _write_registration(project, db, tx)
                 tx.write(project.metadata_path, project_metadata_text(project))
                 result.files = [p for p in tx.written if p.exists() and p != so]
             if build_it:
-                tests = [_paths(plan)[1] for plan in plans] if test_it else []
+                tests = [_paths(plan)[1] for plan in plans] + extras.tests if test_it else []
                 # the tests' process imports torch and the OpInfo database while the kernels compile
                 # (only into an installed project: a first install is not visible to a running process)
                 early = tests and build.installed_from(project.root, project.data["dist_name"])
@@ -457,6 +610,83 @@ def project_metadata_text(project: Project) -> str:
     import json
 
     return json.dumps(project.data, indent=2) + "\n"
+
+
+# --- amp ---------------------------------------------------------------------------------------
+
+@dataclass
+class AmpRow:
+    op: str  # "aten::mm"
+    policy: str
+    meaning: str
+
+
+def amp_list(project_dir: Path | None = None) -> list[AmpRow]:
+    """The project's autocast table."""
+    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    amp.check_supported(project.template_version)
+    return [AmpRow(f"aten::{name}", policy, amp.POLICIES[policy]) for name, policy in amp.entries(project.amp_table or {})]
+
+
+@dataclass
+class AmpSetResult:
+    root: Path
+    op: str
+    policy: str
+    previous: str  # "none" when the operator was not in the table
+    built: bool = False
+    tested: bool = False
+
+
+def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it: bool = True, test_it: bool = True,
+            reporter: Reporter | None = None) -> AmpSetResult:
+    """Set the autocast policy of one operator ("none" takes it out of the table), rewrite the
+    registration file, rebuild and run the table's test for that operator; on failure the project is
+    left as it was."""
+    rep = reporter or Reporter()
+    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    amp.check_supported(project.template_version)
+    policy = amp.check_policy(policy)
+    with project.lock():
+        db = load_opdb()
+        if db.torch_version != project.torch_version:
+            raise ProjectError(
+                f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed; "
+                "run backendgen check and follow docs/upgrading.md first"
+            )
+        op = db.resolve(name)
+        table = project.amp_table or {}
+        previous = table.get(op.name, "none")
+        result = AmpSetResult(project.root, op.qualified, policy, previous)
+        _check_registration(project, db)
+        if previous == policy:
+            return result
+        if policy == "none":
+            table.pop(op.name, None)
+        else:
+            table[op.name] = policy
+        project.data["amp"] = dict(sorted(table.items()))
+        tx = Transaction(project.root)
+        so = build.extension_path(project.root, project.package)
+        try:
+            with rep.step("write"), _writes(project.root, "the project was left as it was"):
+                if so is not None:
+                    tx.touch_file(so)
+                _write_registration(project, db, tx)
+                tx.write(project.metadata_path, project_metadata_text(project))
+            if build_it:
+                with rep.step("build"):
+                    build.build(project.root, project.package, project.data["dist_name"])
+                result.built = True
+                if test_it and policy != "none":
+                    with rep.step("test"):
+                        build.run_tests(project.root, [f"{amp.TEST_FILE}::test_policy_takes_effect_under_autocast[{op.name}]"],
+                                        name="amp-test")
+                    result.tested = True
+        except BaseException:
+            tx.rollback()
+            raise
+    return result
 
 
 # --- ops ---------------------------------------------------------------------------------------

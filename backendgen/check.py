@@ -137,7 +137,15 @@ for op in req["ops"]:
     except RuntimeError:
         has, line = False, ""
     kernels[op] = {"has": has, "line": line}
-emit("load", {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels,
+keyed = {}
+for op, keys in req.get("keys", {}).items():
+    keyed[op] = {}
+    for key in keys:
+        try:
+            keyed[op][key] = torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+        except RuntimeError:
+            keyed[op][key] = False
+emit("load", {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels, "keyed": keyed,
               "backend_name": torch._C._get_privateuse1_backend_name()})
 """
 
@@ -197,6 +205,49 @@ class CheckReport:
         }
 
 
+def _expected_keys(project: Project) -> dict[str, list[str]]:
+    """The dispatch keys each custom operator, autograd override and autocast entry must have a kernel for."""
+    keys: dict[str, list[str]] = {}
+    for d in project.custom_ops:
+        keys[d["op"]] = ["PrivateUse1", "CPU", "Meta"] + (["Autograd"] if d.get("autograd") else [])
+    for d in project.autograd_overrides:
+        keys.setdefault(d["op"], []).append("AutogradPrivateUse1")
+    for name in (project.amp_table or {}):
+        keys.setdefault(f"aten::{name}", []).append("AutocastPrivateUse1")
+    return keys
+
+
+def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict) -> None:
+    """The backend's own operators, autograd overrides and autocast table: their ATen operators still
+    exist in the installed torch, and the library registers each of their kernels."""
+    for d in project.autograd_overrides:
+        op = db.get(d["op"])
+        if op is None or op.qualified != d["op"]:
+            report.add("schema", "error", d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
+                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind="removed")
+        elif op.qualified_schema != d["schema"]:
+            same = signature_types(d["signature"]) == signature_types(op.signature)
+            report.add("schema", "warning" if same else "error", d["op"],
+                       f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
+                       kind="schema_changed" if same else "signature_changed", old=d["schema"], new=op.qualified_schema)
+    for name in (project.amp_table or {}):
+        if db.get(name) is None:
+            report.add("schema", "error", f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
+                       f"backendgen amp set {name} none", kind="removed")
+    load = probed.get("load") or {}
+    if not load.get("ok"):
+        return
+    for op, keys in load.get("keyed", {}).items():
+        missing = [k for k, has in keys.items() if not has]
+        if missing:
+            report.add("extension", "error", op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
+                       kind="missing_kernel")
+    keyed = load.get("keyed", {})
+    if project.custom_ops and all(all(keyed.get(d["op"], {}).values()) for d in project.custom_ops):
+        report.add("extension", "ok", f"{project.device}::*",
+                   f"{len(project.custom_ops)} operators of the backend registered with all their kernels")
+
+
 def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
     """Start the subprocess that needs torch (about one `import torch`); `_probe_results` collects it."""
     req = {
@@ -204,6 +255,7 @@ def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
         "py_apis": PY_APIS,
         "schemas": schemas,
         "ops": [rec.op for rec in project.ops],
+        "keys": _expected_keys(project),
     }
     env = dict(os.environ)
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
@@ -462,6 +514,7 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
     _check_apis(report, project, db, probed)
     registered = _check_extension(report, project, probed, stderr, returncode)
+    _check_extras(report, project, db, probed)
     _check_coverage(report, project, db, registered, list_ops)
     return report
 

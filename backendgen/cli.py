@@ -130,8 +130,11 @@ def new(
 @app.command("add-op", short_help="Add kernels, registrations and tests for operators.")
 @_handles_errors
 def add_op(
-    ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul.")],
+    ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend.")],
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    schema: Annotated[Optional[str], typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
+    body: Annotated[Optional[str], typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its arguments, e.g. \"x * alpha\".")] = None,
+    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace PyTorch's derivative on the device.")] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
@@ -141,7 +144,7 @@ def add_op(
     from backendgen import api
 
     res = api.add_ops(
-        ops, project, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
+        ops, project, schema=schema, body=body, autograd=autograd, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
         reporter=_reporter(),
     )
     from backendgen.output import styled
@@ -256,6 +259,45 @@ def ops_cmd(
     con.table(["operator", "status", "core"],
               ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows))
     con.print(f"{len(rows)} operators")
+
+
+amp_app = typer.Typer(help="Show or change the autocast (AMP) table: the policy torch.autocast applies to each operator.",
+                      no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(amp_app, name="amp")
+
+
+@amp_app.command("list", short_help="Show the autocast table.")
+@_handles_errors
+def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None):
+    """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
+    from backendgen import api
+
+    rows = api.amp_list(project)
+    con = _out()
+    con.table(["operator", "policy", "meaning"], ([r.op, r.policy, r.meaning] for r in rows))
+    con.print(f"{len(rows)} operators")
+
+
+@amp_app.command("set", short_help="Set an operator's autocast policy, rebuild and test it.")
+@_handles_errors
+def amp_set_cmd(
+    op: Annotated[str, typer.Argument(help="Operator: aten::mm, softmax.int, ...")],
+    policy: Annotated[str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
+):
+    """Set OP's autocast policy in backendgen.json and the generated registration file, rebuild, and
+    run the test that the policy takes effect under torch.autocast; a failure leaves the project as it was."""
+    from backendgen import api
+
+    res = api.amp_set(op, policy, project, build_it=not no_build, test_it=not no_test, reporter=_reporter())
+    con = _out()
+    if res.previous == res.policy:
+        con.print(f"{res.op} is already {res.policy}: nothing to do")
+        return
+    state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+    con.print(f"{res.op}: {res.previous} -> {res.policy} ({state})")
 
 
 @app.command(short_help="Check the backend against the installed torch.")

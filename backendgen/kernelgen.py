@@ -154,8 +154,9 @@ def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
     return [f"const c10::Device run_on = {check};", "c10::DeviceGuard guard(run_on);"]
 
 
-def kernel_body(op: Op, *, legacy: bool = False) -> Body:
-    """C++ statements that run `op` on host aliases of the device memory (`legacy`: see device_setup)."""
+def kernel_body(op: Op, *, legacy: bool = False, callee: str | None = None) -> Body:
+    """C++ statements that run `op` on host aliases of the device memory (`legacy`: see device_setup).
+    `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher)."""
     setup, prelude, epilogue, call_args = device_setup(op, legacy=legacy), [], [], []
     writes: list[str] = []
     device_expr = "run_on" if setup else None
@@ -189,7 +190,7 @@ def kernel_body(op: Op, *, legacy: bool = False) -> Body:
     if device_expr is None:
         device_expr = "c10::Device(c10::DeviceType::PrivateUse1)"
     to_dev = f"const c10::Device result_device = {device_expr};"  # not `device`: an argument may be named so
-    call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
+    call = f"{callee or f'at::_ops::{op.ops_struct}::call'}({', '.join(call_args)})"
     ret_cpp = op.returns_cpp
     if ret_cpp == "void":
         return Body(setup, prelude, call + ";", epilogue, None)
@@ -337,15 +338,34 @@ def registration_entry(plan: KernelPlan, *, device: str, op: Op | None = None) -
 _SEAL = "// backendgen sha256: "
 
 
-def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = ()) -> str:
+def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
+                        amp: list[tuple[str, str]] = ()) -> str:
     """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator,
-    and the CPU fallback registered by name for `fallbacks` (see fallback_registrations).
+    the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the backend's
+    own operators (`custom`: backendgen.customop.CustomOp), autograd overrides (`overrides`:
+    backendgen.overrides.Override) and the autocast table (`amp`: (operator, policy) pairs).
 
     The last line seals the file with the hash of the rest, so that a later run can tell a file it
     may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
     """
+    from backendgen import customop
+
     entries = sorted(entries, key=lambda e: e["name"])
-    text = _env().get_template("registration.cpp.j2").render(device=device, entries=entries, fallbacks=sorted(fallbacks))
+    custom = sorted(custom, key=lambda c: c.name)
+    custom_view = [
+        {"namespace": c.cpp_namespace, "source": c.source, "schema": c.schema,
+         "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()]}
+        for c in custom
+    ]
+    impls = [(key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
+             for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
+    overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
+                      for o in sorted(overrides, key=lambda o: o.op.name)]
+    text = _env().get_template("registration.cpp.j2").render(
+        device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
+        custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
+        overrides=overrides_view, amp=list(amp),
+    )
     return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
 
 

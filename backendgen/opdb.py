@@ -97,6 +97,7 @@ class Op:
     # For the functional overload of such a group: its meta function's arguments, as C++
     # expressions of the functional kernel's own parameters (torchgen's translate).
     meta_args: tuple[str, ...] | None = None
+    namespace: str = "aten"  # a backend's own operators (backendgen.customop) live in its device's namespace
 
     @property
     def name(self) -> str:
@@ -104,11 +105,11 @@ class Op:
 
     @property
     def qualified(self) -> str:
-        return f"aten::{self.name}"
+        return f"{self.namespace}::{self.name}"
 
     @property
     def qualified_schema(self) -> str:
-        return f"aten::{self.schema}"
+        return f"{self.namespace}::{self.schema}"
 
 
 def _derive_ops(info: TorchInfo) -> list[Op]:

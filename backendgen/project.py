@@ -133,6 +133,27 @@ class Project:
         """The kernels registered by the generated registration file."""
         return [rec.registration for rec in self.ops if rec.registration]
 
+    @property
+    def custom_ops(self) -> list[dict]:
+        """The backend's own operators (add-op <device>::NAME --schema ...), as recorded."""
+        return list(self.data.get("custom_ops", []))
+
+    @property
+    def autograd_overrides(self) -> list[dict]:
+        """ATen operators whose derivative the backend replaces on the device (add-op aten::OP --autograd)."""
+        return list(self.data.get("autograd_overrides", []))
+
+    @property
+    def amp_table(self) -> dict[str, str] | None:
+        """The autocast table (operator -> policy); None for a project from before template 7."""
+        table = self.data.get("amp")
+        return dict(table) if isinstance(table, dict) else None
+
+    def record(self, section: str, entry: dict) -> None:
+        """Record `entry` in `section` ("custom_ops", "autograd_overrides"), replacing one of the same op."""
+        items = [d for d in self.data.get(section, []) if d.get("op") != entry["op"]]
+        self.data[section] = sorted([*items, entry], key=lambda d: d["op"])
+
     def add_op(self, rec: OpRecord) -> None:
         """Record `rec`, in place of an earlier record of the same operator."""
         ops = self.data["ops"]
@@ -177,6 +198,15 @@ class Project:
             records = [OpRecord(**d) for d in data["ops"]]
         except TypeError as e:
             raise ProjectError(f"{path}: an op entry is malformed ({e})") from None
+        for section in ("custom_ops", "autograd_overrides"):
+            items = data.get(section, [])
+            if not isinstance(items, list) or not all(isinstance(d, dict) and isinstance(d.get("op"), str)
+                                                      and isinstance(d.get("schema"), str) for d in items):
+                raise ProjectError(f"{path}: '{section}' is malformed; restore it from version control")
+        amp = data.get("amp")
+        if amp is not None and (not isinstance(amp, dict) or not all(
+                isinstance(k, str) and _CPP_NAME.match(k) and isinstance(v, str) for k, v in amp.items())):
+            raise ProjectError(f"{path}: 'amp' is malformed; restore it from version control")
         for rec in records:
             if rec.registration is not None and not _valid_registration(rec.registration):
                 raise ProjectError(f"{path}: the registration of {rec.op} is malformed; restore it from version control")

@@ -8,8 +8,10 @@ them (2-7 s for narrow ATen/c10 headers, up to 35 s for <torch/extension.h>). Ea
 point keeps its own readable file, but the build compiles a few "unity" files that #include the
 real ones, grouped by header weight: driver+runtime (c10 only), aten (dispatcher, fallback,
 autocast, serialization, and csrc/distributed: host views for the collective backend), ops (the
-add-op kernels: ATen/core headers only), registration (the
-generated m.impl lines of those kernels: torch/library.h) and python (the CPython API only).
+add-op kernels and the backend's own operators, csrc/custom_ops: ATen/core headers only),
+autograd (the torch::autograd::Functions add-op --autograd writes: ~12 s of autograd headers, paid
+only by a project that has one), registration (the generated m.def/m.impl lines: torch/library.h)
+and python (the CPython API only).
 Editing a kernel recompiles only the ops unit. That, and -g0, turns a minutes-long build into
 tens of seconds on two cores. Set {{ cookiecutter.DEVICE }}_UNITY_BUILD=0 to compile every file on its own
 (compiler errors still name the real file either way).
@@ -33,7 +35,8 @@ CSRC = ROOT / "csrc"
 GROUPS = {
     "runtime": ["driver", "runtime"],
     "aten": ["aten", "distributed"],
-    "ops": ["aten/ops"],
+    "ops": ["aten/ops", "custom_ops"],
+    "autograd": ["autograd"],
     "registration": ["aten/ops/generated"],
     "python": ["python"],
 }

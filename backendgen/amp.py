@@ -1,0 +1,42 @@
+"""The autocast table: which policy torch.autocast("<device>") applies to each operator.
+
+It lives in backendgen.json (`"amp": {"mm": "lower_precision_fp", ...}`, seeded from
+template/template.json's `default_amp`) and the generated registration file registers it at
+AutocastPrivateUse1, each entry with a policy kernel of csrc/aten/autocast.cpp. Projects from
+template 7 on have it; older ones keep their lists in autocast.cpp.
+"""
+
+from __future__ import annotations
+
+from backendgen.errors import ProjectError, UserError
+
+# PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
+POLICIES = {
+    "lower_precision_fp": "floating-point arguments in the autocast dtype (bfloat16 by default)",
+    "fp32": "floating-point arguments in float32",
+    "promote": "floating-point arguments in the widest floating-point type among them",
+    "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",
+    "none": "not in the table: the operator runs in the dtypes it is given",
+}
+FIRST_TEMPLATE = 7
+TEST_FILE = "tests/test_amp_policies.py"
+
+
+def check_supported(template_version: int) -> None:
+    if template_version < FIRST_TEMPLATE:
+        raise ProjectError(
+            f"this project is from template {template_version}: its autocast table is the list in csrc/aten/autocast.cpp "
+            f"(edit it there); `backendgen amp` needs template {FIRST_TEMPLATE} or newer (docs/upgrading.md)"
+        )
+
+
+def check_policy(policy: str) -> str:
+    p = policy.strip().lower()
+    if p not in POLICIES:
+        raise UserError(f"unknown autocast policy {policy[:40]!r}: one of {', '.join(POLICIES)}")
+    return p
+
+
+def entries(table: dict) -> list[tuple[str, str]]:
+    """The table's (operator, policy) pairs in registration order, without "none"."""
+    return sorted((name, policy) for name, policy in table.items() if policy in POLICIES and policy != "none")
