@@ -187,13 +187,13 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
                       body=_check_body(body, bare, device), autograd=autograd)
     if any(r.kind == "view" for r in rets) and len(rets) > 1:
         raise UserError(f"{custom.qualified}: a view can only be its operator's one result")
-    if autograd and custom.op.returns != ("Tensor",):
-        raise UserError(f"{custom.qualified}: --autograd generates a backward for operators that return one Tensor")
     if autograd and custom.aliases:
         raise UserError(
             f"{custom.qualified} mutates or returns a view of an argument: --autograd generates a backward for "
             "functional operators only (define a functional operator and differentiate that)"
         )
+    if autograd and custom.op.returns != ("Tensor",):
+        raise UserError(f"{custom.qualified}: --autograd generates a backward for operators that return one Tensor")
     if autograd and not any(a.schema_type.startswith("Tensor") and a.schema_type != "Tensor[]" for a in args):
         raise UserError(f"{custom.qualified} takes no tensor: there is nothing to differentiate (drop --autograd)")
     if autograd and any(a.schema_type == "Tensor[]" for a in args):

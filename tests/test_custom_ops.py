@@ -1,0 +1,156 @@
+"""The backend's own operators (add-op DEVICE::NAME --schema), autograd overrides (add-op aten::OP
+--autograd) and the autocast table (amp list/set): planning and refusals without a build, and the
+whole path on a built backend."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from backendgen import api, customop
+from backendgen.errors import ProjectError, UserError
+from backendgen.project import REGISTRATION_FILE
+from conftest import run_cli
+
+
+@pytest.fixture
+def project(rendered_project, tmp_path):
+    root = tmp_path / "p"
+    shutil.copytree(rendered_project, root)
+    return root
+
+
+def _device(root):
+    return json.loads((root / "backendgen.json").read_text())["device"]
+
+
+@pytest.mark.parametrize("name, schema, body, autograd, message", [
+    ("Scale", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
+    ("scale.out", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
+    ("scale", "", None, False, "give its schema"),
+    ("scale", "(Tensor x -> Tensor", None, False, "rejected by torchgen"),
+    ("scale", "(Tensor x, Stream s) -> Tensor", None, False, "not supported"),
+    ("scale_", "(Tensor(a!) self) -> Tensor(a!)", None, True, "functional operators only"),
+    ("scale", "(Tensor x) -> (Tensor, Tensor)", None, True, "return one Tensor"),
+    ("scale", "(Tensor x) -> Tensor", "x *\n2", False, "on one line"),
+    ("scale", "(Tensor x) -> Tensor", "at::sin(x", False, "unbalanced"),
+])
+def test_parse_refuses_with_the_reason(name, schema, body, autograd, message):
+    with pytest.raises(UserError, match=message):
+        customop.parse("chip", name, schema, body=body, autograd=autograd)
+
+
+def test_kernels_follow_the_schema():
+    c = customop.parse("chip", "chip::scale", "(Tensor x, float alpha=1.0) -> Tensor", body="x * alpha", autograd=True)
+    assert c.keys == ["PrivateUse1", "CPU", "Meta", "Autograd"]
+    kernel = customop.render_kernel(c)
+    assert "at::Tensor compute(const at::Tensor & x, double alpha) {\n  return x * alpha;" in kernel
+    assert "kernels::host_alias(x), alpha" in kernel and "---- device computation" in kernel
+    assert "::apply(x, alpha)" in customop.render_autograd(c)
+    # an in-place schema returns its argument and gets PyTorch's ADInplaceOrView kernel
+    inplace = customop.parse("chip", "scale_", "(Tensor(a!) self, float alpha=1.0) -> Tensor(a!)", body="self.mul_(alpha)")
+    assert "ADInplaceOrView" in inplace.keys
+    assert "(void)(self.mul_(alpha));\n  return self;" in customop.render_kernel(inplace)
+    # without a body every kernel raises, naming the file; the Meta kernel still knows the shape
+    todo = customop.parse("chip", "todo", "(Tensor x) -> Tensor")
+    text = customop.render_kernel(todo)
+    assert 'C10_THROW_ERROR(NotImplementedError, "chip::todo is not defined yet: write compute() in csrc/custom_ops/todo.cpp")' in text
+    assert "return at::empty_like(x);" in text
+
+
+def test_add_custom_op_writes_its_files_and_registration(project):
+    dev = _device(project)
+    res = api.add_ops([f"{dev}::scale"], project, schema="(Tensor x, float alpha=1.0) -> Tensor", body="x * alpha",
+                      autograd=True, build_it=False)
+    assert res.added == [f"{dev}::scale"]
+    pkg = json.loads((project / "backendgen.json").read_text())["package"]
+    for rel in ("csrc/custom_ops/scale.cpp", f"csrc/autograd/{dev}_scale.cpp", f"{pkg}/ops/scale.py",
+                f"tests/ops/test_{dev}_scale.py"):
+        assert (project / rel).is_file(), rel
+    reg = (project / REGISTRATION_FILE).read_text()
+    assert 'm.def(R"schema(scale(Tensor x, float alpha=1.0) -> Tensor)schema");' in reg
+    for key in ("PrivateUse1", "CPU", "Meta", "Autograd"):
+        assert f"TORCH_LIBRARY_IMPL({dev}, {key}, m)" in reg
+    # again: nothing to do; a different schema for the same name is refused
+    assert api.add_ops([f"{dev}::scale"], project, build_it=False).unchanged == [f"{dev}::scale"]
+    with pytest.raises(ProjectError, match="already defined"):
+        api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", build_it=False)
+
+
+def test_refusals_leave_the_project_unchanged(project):
+    dev = _device(project)
+    before = (project / "backendgen.json").read_text()
+    out = run_cli("add-op", "other::scale", "--schema", "(Tensor x) -> Tensor", "--project", str(project))
+    assert out.returncode == 2 and "this backend's namespace" in out.stderr
+    out = run_cli("add-op", f"{dev}::a", f"{dev}::b", "--schema", "(Tensor x) -> Tensor", "--project", str(project))
+    assert out.returncode == 2 and "exactly one" in out.stderr
+    out = run_cli("add-op", "aten::mul.out", "--autograd", "--project", str(project))
+    assert out.returncode == 2 and "writes its arguments" in out.stderr
+    out = run_cli("amp", "set", "mm", "bf16", "--project", str(project))
+    assert out.returncode == 2 and "unknown autocast policy" in out.stderr
+    assert (project / "backendgen.json").read_text() == before
+
+
+def test_older_template_is_refused(project):
+    meta = json.loads((project / "backendgen.json").read_text())
+    meta["template_version"] = "6"
+    del meta["amp"]
+    (project / "backendgen.json").write_text(json.dumps(meta))
+    out = run_cli("add-op", f"{meta['device']}::scale", "--schema", "(Tensor x) -> Tensor", "--project", str(project))
+    assert out.returncode == 2 and "template 7" in out.stderr
+    out = run_cli("amp", "list", "--project", str(project))
+    assert out.returncode == 2 and "autocast.cpp" in out.stderr
+
+
+def test_amp_list_shows_the_table(project):
+    out = run_cli("amp", "list", "--project", str(project))
+    assert out.returncode == 0, out.stderr
+    assert "aten::mm" in out.stdout and "lower_precision_fp" in out.stdout and "aten::layer_norm" in out.stdout
+
+
+@pytest.mark.slow
+def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
+    """The issue's end-to-end path, as a user runs it: each command builds and runs its tests."""
+    root = project_copy
+    dev = _device(root)
+    steps = [
+        ("add-op", f"{dev}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor",
+         "--body", "x * alpha + at::sin(x)", "--autograd"),
+        ("add-op", "aten::addmm", "--autograd"),
+        ("amp", "set", "aten::add.Tensor", "lower_precision_fp"),
+    ]
+    for args in steps:
+        out = run_cli(*args, "--project", str(root))
+        assert out.returncode == 0, f"{args}: {out.stdout}{out.stderr}"
+        assert "built and tested" in out.stdout
+    # the generated tests, run again together: gradcheck, FakeTensorMode, torch.compile(aot_eager),
+    # the override's graph and gradients, the autocast policy
+    tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_addmm.py", "tests/test_amp_policies.py"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "test_gradcheck_on_the_device PASSED" in subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests[0], "-k", "gradcheck"], cwd=root,
+        capture_output=True, text=True).stdout
+    out = run_cli("check", "--json", "--project", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    subjects = {f["subject"] for f in report["findings"] if f["severity"] == "ok"}
+    assert f"{dev}::*" in subjects
+    # the table's test fails when the table and the library disagree
+    meta = json.loads((root / "backendgen.json").read_text())
+    meta["amp"]["mm"] = "fp32"
+    (root / "backendgen.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_amp_policies.py"],
+                          cwd=root, capture_output=True, text=True)
+    assert proc.returncode != 0 and "[mm]" in proc.stdout
+    # and check finds a recorded operator the library does not register
+    meta["custom_ops"].append({**meta["custom_ops"][0], "op": f"{dev}::ghost", "schema": "ghost(Tensor x) -> Tensor"})
+    (root / "backendgen.json").write_text(json.dumps(meta))
+    out = run_cli("check", "--json", "--project", str(root))
+    assert out.returncode == 1
+    assert any(f["subject"] == f"{dev}::ghost" and f["severity"] == "error" for f in json.loads(out.stdout)["findings"])
