@@ -537,9 +537,38 @@ def _records_named(project: Project, name: str) -> list[OpRecord]:
     return found
 
 
-def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool = False) -> RemoveOpsResult:
+def _extra_named(project: Project, name: str, autograd: bool) -> tuple[str, dict] | None:
+    """The record of the backend's own operator `name`, or (with `autograd`) of the autograd
+    override of ATen operator `name`, as (its section in backendgen.json, the record)."""
+    if customop.is_custom_name(name, project.device):
+        qualified = name.strip()
+        rec = next((d for d in project.custom_ops if d["op"] == qualified), None)
+        if rec is None:
+            have = ", ".join(d["op"] for d in project.custom_ops) or "none"
+            raise ProjectError(f"{qualified[:80]!r} is not an operator of this backend (defined: {have})")
+        return "custom_ops", rec
+    if autograd:
+        bare = name.strip().removeprefix("aten::")
+        rec = next((d for d in project.autograd_overrides
+                    if d["op"].removeprefix("aten::") in (bare, f"{bare}.default")
+                    or d["op"].removeprefix("aten::").split(".")[0] == bare), None)
+        if rec is None:
+            have = ", ".join(d["op"] for d in project.autograd_overrides) or "none"
+            raise ProjectError(f"{name[:80]!r} has no autograd override in this project (overridden: {have})")
+        return "autograd_overrides", rec
+    return None
+
+
+def _extra_files(rec: dict) -> list[str]:
+    return [f for f in (rec.get("source"), rec.get("autograd_source"), rec.get("python"), rec.get("test")) if f]
+
+
+def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool = False,
+               autograd: bool = False) -> RemoveOpsResult:
     """Remove kernels that add-op wrote: the kernel file, its test, their records in
     backendgen.json and their lines in the generated registration file, in one transaction.
+    `<device>::NAME` removes an operator of the backend (its kernels, autograd, wrapper and test);
+    with `autograd`, `aten::OP` removes the autograd override of OP.
     A kernel file edited since add-op wrote it is refused unless `force`, which keeps a copy
     beside it (`<file>.removed-<time>`). Nothing is rebuilt: removing a kernel is often a step
     of an upgrade, when the project does not build yet; `backendgen build` follows."""
@@ -552,7 +581,12 @@ def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool
     result = RemoveOpsResult(project.root)
     with project.lock():
         sources: dict[str, list[OpRecord]] = {}
+        extras: list[tuple[str, dict]] = []
         for name in names:
+            extra = _extra_named(project, name, autograd)
+            if extra is not None:
+                extras.append(extra)
+                continue
             found = _records_named(project, name)
             if not found:
                 native = sorted(r.op for r in project.ops if r.origin == "add-op")
@@ -573,6 +607,8 @@ def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool
         _check_registration(project, db)  # refuses a registration file edited by hand
         edited = [src for src, recs in sources.items() if (project.root / src).exists()
                   and any(r.source_sha256 and r.source_sha256 != sha256_of(project.root / src) for r in recs)]
+        edited += [rec["source"] for _, rec in extras if (project.root / rec["source"]).exists()
+                   and rec.get("source_sha256") and rec["source_sha256"] != sha256_of(project.root / rec["source"])]
         if edited and not force:
             raise ProjectError(
                 f"{', '.join(edited)} changed since add-op wrote it; pass --force to remove it anyway "
@@ -582,9 +618,10 @@ def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
             with _writes(project.root, "the project was left as it was"):
-                for src, recs in sources.items():
-                    tests = {r.test for r in recs if r.test}
-                    for rel in [src, *sorted(tests)]:
+                groups = [(src, [src, *sorted({r.test for r in recs if r.test})], recs) for src, recs in sources.items()]
+                groups += [(rec["source"], _extra_files(rec), []) for _, rec in extras]
+                for src, files, recs in groups:
+                    for rel in files:
                         path = project.root / rel
                         if not path.exists():
                             continue
@@ -598,6 +635,9 @@ def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool
                     for rec in recs:
                         project.remove_op(rec.op)
                         result.removed.append(rec.op)
+                for section, rec in extras:
+                    project.data[section] = [d for d in project.data[section] if d["op"] != rec["op"]]
+                    result.removed.append(rec["op"])
                 _write_registration(project, db, tx)  # the installed torch's: remove-op is an upgrade step
                 tx.write(project.metadata_path, project_metadata_text(project))
         except BaseException:

@@ -167,15 +167,16 @@ def add_op(
 @app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
 @_handles_errors
 def remove_op(
-    ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out.")],
+    ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME.")],
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")] = False,
+    autograd: Annotated[bool, typer.Option("--autograd", help="Remove the autograd override of each aten:: operator (add-op --autograd).")] = False,
 ):
     """Remove the kernel file, its test, its registration and its record for each operator, in one
     transaction; e.g. for an operator the installed torch removed. Rebuild afterwards (backendgen build)."""
     from backendgen import api
 
-    res = api.remove_ops(ops, project, force=force)
+    res = api.remove_ops(ops, project, force=force, autograd=autograd)
     out = _out()
     for f in res.files:
         out.print(f"removed {f.relative_to(res.root)}")

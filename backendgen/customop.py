@@ -185,8 +185,11 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
     )
     custom = CustomOp(device=device, name=bare, schema=str(func), op=op, returns=tuple(rets),
                       body=_check_body(body, bare, device), autograd=autograd)
-    if any(r.kind == "view" for r in rets) and len(rets) > 1:
-        raise UserError(f"{custom.qualified}: a view can only be its operator's one result")
+    if any(r.kind == "view" for r in rets) and (len(rets) > 1 or rets[0].arg != args[0].name):
+        raise UserError(f"{custom.qualified}: a view must be its operator's one result, and of its first argument "
+                        "(what PyTorch's view tracking for custom operators supports)")
+    if any(r.kind == "view" for r in rets) and any(a.is_write for a in args):
+        raise UserError(f"{custom.qualified}: an operator cannot both write an argument and return a view")
     if autograd and custom.aliases:
         raise UserError(
             f"{custom.qualified} mutates or returns a view of an argument: --autograd generates a backward for "

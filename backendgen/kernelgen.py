@@ -364,6 +364,7 @@ def render_registration(entries: list[dict], *, device: str, fallbacks: list[str
     text = _env().get_template("registration.cpp.j2").render(
         device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
         custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
+        mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
         overrides=overrides_view, amp=list(amp),
     )
     return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"

@@ -154,3 +154,33 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     out = run_cli("check", "--json", "--project", str(root))
     assert out.returncode == 1
     assert any(f["subject"] == f"{dev}::ghost" and f["severity"] == "error" for f in json.loads(out.stdout)["findings"])
+
+
+def test_remove_op_takes_back_an_operator_and_an_override(project):
+    dev = _device(project)
+    api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", body="x * 2", autograd=True, build_it=False)
+    api.add_ops(["aten::addmm"], project, autograd=True, build_it=False)
+    out = run_cli("remove-op", "addmm", "--project", str(project))  # a kernel, not the override, without --autograd
+    assert out.returncode == 2 and "has no kernel" in out.stderr
+    out = run_cli("remove-op", f"{dev}::scale", "aten::addmm", "--autograd", "--project", str(project))
+    assert out.returncode == 0, out.stderr
+    meta = json.loads((project / "backendgen.json").read_text())
+    assert meta["custom_ops"] == [] and meta["autograd_overrides"] == []
+    assert not (project / "csrc/custom_ops/scale.cpp").exists() and not (project / f"csrc/autograd/{dev}_scale.cpp").exists()
+    assert not (project / "csrc/autograd/addmm.cpp").exists()
+    reg = (project / REGISTRATION_FILE).read_text()
+    assert "custom::scale" not in reg and "AutogradPrivateUse1" not in reg
+    # and it can be defined again
+    assert api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", build_it=False).added == [f"{dev}::scale"]
+
+
+def test_remove_op_refuses_an_edited_operator_unless_forced(project):
+    dev = _device(project)
+    api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", build_it=False)
+    kernel = project / "csrc/custom_ops/scale.cpp"
+    kernel.write_text(kernel.read_text() + "// mine\n")
+    out = run_cli("remove-op", f"{dev}::scale", "--project", str(project))
+    assert out.returncode == 2 and "changed since add-op wrote it" in out.stderr and kernel.exists()
+    out = run_cli("remove-op", f"{dev}::scale", "--force", "--project", str(project))
+    assert out.returncode == 0 and not kernel.exists()
+    assert [p.name for p in kernel.parent.glob("scale.cpp.removed-*")]
