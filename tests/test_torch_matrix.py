@@ -2,7 +2,8 @@
 
 For each tested torch: a FRESH virtualenv with `torch==X` and this repo installed plainly (a wheel
 built once per session, no extras), then in an empty directory `backendgen new`, `add-op` of a few
-operators (structured ones included), `check` and `test --compile` (torch.compile with that torch's
+operators (structured ones included), an operator of the backend's own with a backward, an autograd
+override and an autocast policy, `check` and `test --compile` (torch.compile with that torch's
 Dynamo and Inductor), each through the real command. Then the upgrade:
 a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or changed, checked
 under 2.14.1, fixed with the steps of docs/upgrading.md.
@@ -144,12 +145,22 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         assert add.returncode == 0 and "built and tested" in add.stdout, add.stdout + add.stderr
         for op in ("aten::abs.out", "aten::topk.values", "aten::index.Tensor_out", "aten::cat.out"):
             assert op in add.stdout
+        # the backend's own operator with a backward, an autograd override and an autocast policy,
+        # typed by this torch's torchgen; their generated tests (gradcheck, FakeTensorMode,
+        # torch.compile with aot_eager) run inside each command
+        for extra in ([f"{device}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor", "--body",
+                       "x * alpha + at::sin(x)", "--autograd"], ["aten::addmm", "--autograd"]):
+            added = venv.run("backendgen", "add-op", *extra, cwd=project)
+            assert added.returncode == 0 and "built and tested" in added.stdout, added.stdout + added.stderr
+        policy = venv.run("backendgen", "amp", "set", "add.Tensor", "lower_precision_fp", cwd=project)
+        assert policy.returncode == 0 and "built and tested" in policy.stdout, policy.stdout + policy.stderr
         check = venv.run("backendgen", "check", cwd=project)
         assert check.returncode == 0, check.stdout + check.stderr
         _no_traceback(check)
         report = json.loads(venv.run("backendgen", "check", "--json", cwd=project).stdout)
         assert report["errors"] == 0 and report["warnings"] == 0, report["findings"]
         assert any(f["detail"].get("kind") == "tested" for f in report["findings"])
+        assert any(f["subject"] == f"{device}::*" and f["severity"] == "ok" for f in report["findings"])
         # torch.compile on the device with this torch's Dynamo and Inductor (compiler/ in the project)
         compiled = venv.run("backendgen", "test", "--compile", cwd=project)
         assert compiled.returncode == 0 and "torch.compile tests: passed" in compiled.stdout, (
