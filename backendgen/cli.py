@@ -269,7 +269,7 @@ app.add_typer(amp_app, name="amp")
 
 @amp_app.command("list", short_help="Show the autocast table.")
 @_handles_errors
-def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None):
+def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None):
     """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
     from backendgen import api
 
@@ -284,7 +284,7 @@ def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-
 def amp_set_cmd(
     op: Annotated[str, typer.Argument(help="Operator: aten::mm, softmax.int, ...")],
     policy: Annotated[str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")],
-    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
 ):

@@ -86,13 +86,21 @@ def render() -> str:
         out.append(f"| [`{name}`](#backendgen-{name}) | {_md(cmd.get_short_help_str(limit=200))} |")
     out.append("")
     for name in names:
-        cmd = group.commands[name]
-        ctx = context_class(cmd, info_name=name, parent=root_ctx)
-        out += [f"## backendgen {name}", "", "```", cmd.get_usage(ctx).strip(), "```", "", _paragraphs(cmd.help or ""), ""]
-        arguments, options = _records(cmd, ctx)
-        out += _table("Arguments", arguments)
-        out += _table("Options", options)
+        out += _command(group.commands[name], [name], root_ctx, context_class)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _command(cmd, path: list[str], parent_ctx, context_class) -> list[str]:
+    """One command's section; a group of subcommands (`amp`) is followed by a section per subcommand."""
+    ctx = context_class(cmd, info_name=path[-1], parent=parent_ctx)
+    out = [f"{'#' * (1 + len(path))} backendgen {' '.join(path)}", "", "```", cmd.get_usage(ctx).strip(), "```", "",
+           _paragraphs(cmd.help or ""), ""]
+    arguments, options = _records(cmd, ctx)
+    out += _table("Arguments", arguments)
+    out += _table("Options", options)
+    for sub in getattr(cmd, "commands", {}):
+        out += _command(cmd.commands[sub], [*path, sub], ctx, context_class)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
