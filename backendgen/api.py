@@ -384,6 +384,7 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
                                            f"before overriding {op.qualified}")
                 overrides.render(ov, torch_version=db.torch_version)  # refuses what it cannot write, before writing
                 extras.overrides.append(ov)
+                extras.notes.append(overrides.NOTE.format(op=op.qualified, source=ov.source))
         else:
             extras.aten.append(n)
     return extras

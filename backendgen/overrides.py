@@ -17,6 +17,11 @@ from backendgen.errors import UserError
 from backendgen.opdb import Op
 
 
+NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
+        "torch.compile of a graph that differentiates {op} on the device raises until the backward in {source} "
+        "is written with ATen operators")
+
+
 @dataclass(frozen=True)
 class Override:
     op: Op
@@ -92,7 +97,7 @@ def render(ov: Override, *, torch_version: str) -> str:
             recompute.append(a.name)
     forward_decl = op.signature.replace(f" {op.cpp_name}(", " forward(torch::autograd::AutogradContext* ctx, ", 1)
     return customop._env().get_template("autograd_override.cpp.j2").render(
-        op=op, device=ov.device, torch_version=torch_version, namespace=ov.namespace, cls=ov.cls,
+        op=op, device=ov.device, torch_version=torch_version, namespace=ov.namespace, cls=ov.cls, source=ov.source,
         forward_decl=forward_decl, kernel_decl=ov.declaration, saved=saved, save_data=save_data,
         load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args), recompute_args=", ".join(recompute),
         call_args=", ".join(a.name for a in op.args), headers=kernelgen.completing_headers(op),

@@ -120,7 +120,7 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     steps = [
         ("add-op", f"{dev}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor",
          "--body", "x * alpha + at::sin(x)", "--autograd"),
-        ("add-op", "aten::addmm", "--autograd"),
+        ("add-op", "aten::hypot", "--autograd"),
         ("amp", "set", "aten::add.Tensor", "lower_precision_fp"),
     ]
     for args in steps:
@@ -129,13 +129,30 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
         assert "built and tested" in out.stdout
     # the generated tests, run again together: gradcheck, FakeTensorMode, torch.compile(aot_eager),
     # the override's graph and gradients, the autocast policy
-    tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_addmm.py", "tests/test_amp_policies.py"]
+    tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_hypot.py", "tests/test_amp_policies.py"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "test_gradcheck_on_the_device PASSED" in subprocess.run(
         [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests[0], "-k", "gradcheck"], cwd=root,
         capture_output=True, text=True).stdout
+    # the override's default backward is eager-only: under torch.compile it says which file to write
+    pkg = json.loads((root / "backendgen.json").read_text())["package"]
+    script = (
+        f"import torch, {pkg}\n"
+        f"x = torch.rand(3, device='{dev}', requires_grad=True)\n"
+        "y = torch.rand(3, device=x.device)\n"
+        "torch.hypot(x, y).sum().backward()\n"
+        "assert torch.allclose(x.grad.cpu(), x.detach().cpu() / torch.hypot(x, y).detach().cpu())\n"
+        "f = torch.compile(lambda a, b: torch.hypot(a, b).sum(), backend='aot_eager')\n"
+        "try:\n"
+        "    f(x, y).backward()\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "NotImplementedError" in proc.stdout and "csrc/autograd/hypot.cpp" in proc.stdout, proc.stdout[-2000:]
     out = run_cli("check", "--json", "--project", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
@@ -159,15 +176,15 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
 def test_remove_op_takes_back_an_operator_and_an_override(project):
     dev = _device(project)
     api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", body="x * 2", autograd=True, build_it=False)
-    api.add_ops(["aten::addmm"], project, autograd=True, build_it=False)
-    out = run_cli("remove-op", "addmm", "--project", str(project))  # a kernel, not the override, without --autograd
+    api.add_ops(["aten::hypot"], project, autograd=True, build_it=False)
+    out = run_cli("remove-op", "hypot", "--project", str(project))  # a kernel, not the override, without --autograd
     assert out.returncode == 2 and "has no kernel" in out.stderr
-    out = run_cli("remove-op", f"{dev}::scale", "aten::addmm", "--autograd", "--project", str(project))
+    out = run_cli("remove-op", f"{dev}::scale", "aten::hypot", "--autograd", "--project", str(project))
     assert out.returncode == 0, out.stderr
     meta = json.loads((project / "backendgen.json").read_text())
     assert meta["custom_ops"] == [] and meta["autograd_overrides"] == []
     assert not (project / "csrc/custom_ops/scale.cpp").exists() and not (project / f"csrc/autograd/{dev}_scale.cpp").exists()
-    assert not (project / "csrc/autograd/addmm.cpp").exists()
+    assert not (project / "csrc/autograd/hypot.cpp").exists()
     reg = (project / REGISTRATION_FILE).read_text()
     assert "custom::scale" not in reg and "AutogradPrivateUse1" not in reg
     # and it can be defined again

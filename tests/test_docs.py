@@ -64,7 +64,7 @@ SKIP = {
 IN_COPY = [
     "backendgen add-op aten::abs.out topk",
     'backendgen add-op mychip::scale --schema "(Tensor x, float alpha=1.0) -> Tensor" --body "x * alpha + at::sin(x)" --autograd',
-    "backendgen add-op aten::addmm --autograd",
+    "backendgen add-op aten::hypot --autograd",
     "backendgen amp set aten::add.Tensor lower_precision_fp",
     "backendgen build",
     "TORCH_DEVICE_BACKEND_AUTOLOAD=0 backendgen build",

@@ -149,7 +149,7 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         # typed by this torch's torchgen; their generated tests (gradcheck, FakeTensorMode,
         # torch.compile with aot_eager) run inside each command
         for extra in ([f"{device}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor", "--body",
-                       "x * alpha + at::sin(x)", "--autograd"], ["aten::addmm", "--autograd"]):
+                       "x * alpha + at::sin(x)", "--autograd"], ["aten::hypot", "--autograd"]):
             added = venv.run("backendgen", "add-op", *extra, cwd=project)
             assert added.returncode == 0 and "built and tested" in added.stdout, added.stdout + added.stderr
         policy = venv.run("backendgen", "amp", "set", "add.Tensor", "lower_precision_fp", cwd=project)
