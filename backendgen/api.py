@@ -135,7 +135,9 @@ def _writes(where: Path, outcome: str):
 
 
 def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dict) -> dict:
-    table = {"amp": dict(manifest["default_amp"])} if "default_amp" in manifest else {}
+    # the template's autocast table, for the operators the installed torch has
+    table = {"amp": {n: p for n, p in manifest["default_amp"].items() if db.get(n) is not None}} \
+        if "default_amp" in manifest else {}
     return {
         "format": METADATA_FORMAT,
         "backendgen_version": __version__,
@@ -203,7 +205,8 @@ def _registration_text(project: Project, db: OpDB) -> str:
         fallbacks = kernelgen.fallback_registrations(db, lambda op: project.covering(op) is not None)
     return kernelgen.render_registration(
         project.registrations, device=project.device, fallbacks=fallbacks, custom=_recorded_custom_ops(project),
-        overrides=_recorded_overrides(project, db), amp=amp.entries(project.amp_table or {}),
+        overrides=_recorded_overrides(project, db),
+        amp=[(name, policy) for name, policy in amp.entries(project.amp_table or {}) if db.get(name) is not None],
     )
 
 
@@ -401,6 +404,7 @@ def _write_custom(project: Project, c: customop.CustomOp, tx: Transaction) -> st
     _write_test_support(project, tx)
     project.record("custom_ops", {
         "op": c.qualified, "schema": c.schema, **({"body": c.body} if c.body else {}), "autograd": c.autograd,
+        "signature": c.op.signature.replace(" NAME(", f" {c.name}(", 1),
         "source": c.source, **({"autograd_source": c.autograd_source} if c.autograd else {}),
         "python": c.python_module(project.package), "test": c.test,
         "source_sha256": sha256_of(root / c.source),

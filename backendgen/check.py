@@ -26,8 +26,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, support
-from backendgen.errors import EnvironmentProblem
+from backendgen import __version__, customop, support
+from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 
@@ -230,6 +230,21 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
             report.add("schema", "warning" if same else "error", d["op"],
                        f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
                        kind="schema_changed" if same else "signature_changed", old=d["schema"], new=op.qualified_schema)
+    for d in project.custom_ops:
+        if not d.get("signature"):
+            continue
+        try:
+            c = customop.parse(project.device, d["op"], d["schema"], body=d.get("body"), autograd=bool(d.get("autograd")))
+        except UserError as e:
+            report.add("schema", "error", d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
+                       kind="custom_schema")
+            continue
+        now = c.op.signature.replace(" NAME(", f" {c.name}(", 1)
+        if signature_types(now) != signature_types(d["signature"]):
+            report.add("schema", "error", d["op"],
+                       f"torch {db.torch_version} types its schema differently: {d['signature']}  ->  {now}; "
+                       f"edit the kernels in {d['source']} to the new types", kind="signature_changed",
+                       old_signature=d["signature"], new_signature=now, source=d["source"])
     for name in (project.amp_table or {}):
         if db.get(name) is None:
             report.add("schema", "error", f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "

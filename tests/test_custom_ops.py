@@ -201,3 +201,19 @@ def test_remove_op_refuses_an_edited_operator_unless_forced(project):
     out = run_cli("remove-op", f"{dev}::scale", "--force", "--project", str(project))
     assert out.returncode == 0 and not kernel.exists()
     assert [p.name for p in kernel.parent.glob("scale.cpp.removed-*")]
+
+
+def test_check_reports_a_custom_operator_typed_differently_by_this_torch(project):
+    """After a torch upgrade whose torchgen types a schema differently (simulated: the recorded
+    signature is what an older torchgen would have written), check names the kernel file to edit."""
+    dev = _device(project)
+    api.add_ops([f"{dev}::scale"], project, schema="(Tensor x, SymInt n) -> Tensor", build_it=False)
+    meta = json.loads((project / "backendgen.json").read_text())
+    rec = meta["custom_ops"][0]
+    assert rec["signature"] == "at::Tensor scale(const at::Tensor & x, c10::SymInt n)"
+    rec["signature"] = "at::Tensor scale(const at::Tensor & x, int64_t n)"
+    (project / "backendgen.json").write_text(json.dumps(meta))
+    out = run_cli("check", "--json", "--project", str(project))
+    findings = [f for f in json.loads(out.stdout)["findings"] if f["subject"] == f"{dev}::scale"]
+    assert any(f["severity"] == "error" and f["detail"].get("kind") == "signature_changed"
+               and "csrc/custom_ops/scale.cpp" in f["message"] for f in findings), findings
