@@ -302,6 +302,17 @@ _SAVED = {
 }
 
 
+def saved_argument(a: Arg, qualified: str) -> tuple[str, str]:
+    """The C++ statements that keep non-tensor argument `a` in the autograd context for the
+    backward, and read it back there."""
+    if a.cpp_type not in _SAVED:
+        raise UserError(f"{qualified}: --autograd cannot keep an argument of C++ type {a.cpp_type} ({a.name}) "
+                        "for the backward yet")
+    store, load = _SAVED[a.cpp_type]
+    slot = f'ctx->saved_data["{a.name}"]'
+    return f"{slot} = {store.format(n=a.name)};", f"const auto {a.name} = {load.format(v=slot)};"
+
+
 def _is_tensor(a: Arg) -> bool:
     return a.cpp_type in ("const at::Tensor &", "at::Tensor &")
 
@@ -403,14 +414,11 @@ def render_autograd(custom: CustomOp) -> str:
             ]
             recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
                              if _is_opt_tensor(a) else a.name)
-        elif a.cpp_type in _SAVED:
-            store, load = _SAVED[a.cpp_type]
-            save_data.append(f'ctx->saved_data["{a.name}"] = {store.format(n=a.name)};')
-            load_lines.append(f'const auto {a.name} = {load.format(v=f"ctx->saved_data[{chr(34)}{a.name}{chr(34)}]")};')
-            recompute.append(a.name)
         else:
-            raise UserError(f"{custom.qualified}: --autograd cannot keep an argument of C++ type {a.cpp_type} "
-                            f"({a.name}) for the backward yet")
+            save, load = saved_argument(a, custom.qualified)
+            save_data.append(save)
+            load_lines.append(load)
+            recompute.append(a.name)
     arg_types = [a.cpp_type for a in op.args]
     return _env().get_template("custom_autograd.cpp.j2").render(
         c=custom, cls=function_class(custom), decl=lambda fn: declaration(custom, fn),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backendgen.customop import _SAVED, AUTOGRAD_DIR, _camel, _is_opt_tensor, _is_tensor
+from backendgen.customop import AUTOGRAD_DIR, _camel, _is_opt_tensor, _is_tensor, saved_argument
 from backendgen.errors import UserError
 from backendgen.opdb import Op
 
@@ -61,9 +61,8 @@ def plan(op: Op, device: str) -> Override:
         raise UserError(f"{op.qualified} returns {', '.join(op.returns) or 'nothing'}: --autograd overrides "
                         "operators that return one new Tensor")
     for a in op.args:
-        if not (_is_tensor(a) or _is_opt_tensor(a) or a.cpp_type in _SAVED):
-            raise UserError(f"{op.qualified}: --autograd cannot keep an argument of C++ type {a.cpp_type} ({a.name}) "
-                            "for the backward yet")
+        if not (_is_tensor(a) or _is_opt_tensor(a)):
+            saved_argument(a, op.qualified)  # refuses a type it cannot keep
     if not any(_is_tensor(a) or _is_opt_tensor(a) for a in op.args):
         raise UserError(f"{op.qualified} takes no tensor: there is nothing to differentiate")
     return Override(op, device)
@@ -91,9 +90,9 @@ def render(ov: Override, *, torch_version: str) -> str:
             recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
                              if _is_opt_tensor(a) else a.name)
         else:
-            store, load = _SAVED[a.cpp_type]
-            save_data.append(f'ctx->saved_data["{a.name}"] = {store.format(n=a.name)};')
-            load_lines.append(f'const auto {a.name} = {load.format(v=f"ctx->saved_data[{chr(34)}{a.name}{chr(34)}]")};')
+            save, load = customop.saved_argument(a, op.qualified)
+            save_data.append(save)
+            load_lines.append(load)
             recompute.append(a.name)
     forward_decl = op.signature.replace(f" {op.cpp_name}(", " forward(torch::autograd::AutogradContext* ctx, ", 1)
     return customop._env().get_template("autograd_override.cpp.j2").render(
