@@ -776,11 +776,6 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                     "pass --torch to move it to the installed torch too (or install the project's torch)"
                 )
             _check_registration(project, db)  # refuses a registration file edited by hand
-            if build_it and not dry_run:
-                build.check_toolchain()
-                _check_no_other_backend(project.data["dist_name"])
-                if test_it:
-                    build.check_test_tools()
             plan = upd.Plan(project.root)
             old_torch = project.torch_version
             skip = upd.plan_torch(project, db, plan, result) if torch_signatures else set()
@@ -809,6 +804,12 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             result.diff = plan.diff()
         if dry_run or (not plan.writes and not torch_signatures):
             return result
+        build_it = build_it and not result.conflicts and not result.unfixable  # nothing to build until resolved
+        if build_it:  # before anything is written
+            build.check_toolchain()
+            _check_no_other_backend(project.data["dist_name"])
+            if test_it:
+                build.check_test_tools()
         tx = Transaction(project.root)
         so = build.extension_path(project.root, project.package)
         try:
@@ -822,7 +823,7 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                         tx.write(project.root / rel, text)
                         if rel in plan.modes:
                             (project.root / rel).chmod(plan.modes[rel])
-            if build_it and not result.conflicts and not result.unfixable:
+            if build_it:
                 with rep.step("build"):
                     # through pip: the template may have changed setup.py, pyproject.toml or the packages
                     build.build(project.root, project.package, project.data["dist_name"], incremental=False)
