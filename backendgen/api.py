@@ -802,7 +802,10 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             if METADATA_FILE in plan.writes:
                 result.changes.append(upd.FileChange(METADATA_FILE, "rewritten"))
             result.diff = plan.diff()
-        if dry_run or (not plan.writes and not torch_signatures):
+        if dry_run or not plan.writes:
+            if torch_signatures and not dry_run:
+                with rep.step("check"):
+                    result.check = check_project(Project.load(project.root))
             return result
         build_it = build_it and not result.conflicts and not result.unfixable  # nothing to build until resolved
         if build_it:  # before anything is written
