@@ -337,7 +337,10 @@ def update_cmd(
     for fix in res.torch or []:
         more = f"; close matches: {', '.join(fix.close_matches)}" if fix.close_matches else ""
         line = f"{fix.op} ({fix.file}): {fix.detail}{more}"
-        con.print(styled("cannot fix", "red"), f" {line}") if fix.action == "unfixable" else con.print(f"{fix.action}: {line}")
+        if fix.action == "unfixable":
+            con.print(styled("cannot fix", "red"), f" {line}")
+        else:
+            con.print(f"{fix.action}: {line}")
     if res.torch_recorded and not dry_run:
         con.print(f"backendgen.json now targets torch {res.torch_recorded}")
     if res.from_version == res.to_version and not res.changes:
