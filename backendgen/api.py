@@ -268,24 +268,31 @@ def _write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transa
             )
         tx.write(path, text)
     _write_test_support(project, tx)
-    # one record per kernel in the file: the target's, and the functional's if it has its own
-    for op in [plan.target] + ([plan.functional] if plan.functional else []):
-        project.add_op(
-            OpRecord(
-                op=op.qualified,
-                schema=op.qualified_schema,
-                signature=op.signature,
-                source=source,
-                origin="add-op",
-                test=test,
-                requested=plan.requested.qualified,
-                covers=[c for c in plan.covers if c != op.qualified] if op is plan.target else [],
-                overloads=[o.qualified for o in db.overloads(op.base)],
-                source_sha256=sha256_of(root / source),
-                registration=kernelgen.registration_entry(plan, device=project.device, op=op),
-            )
-        )
+    for rec in op_records(project, db, plan, source_sha256=sha256_of(root / source)):
+        project.add_op(rec)
     return plan.target.qualified
+
+
+def op_records(project: Project, db: OpDB, plan: kernelgen.KernelPlan, *, source_sha256: str) -> list[OpRecord]:
+    """The records of the kernel file of `plan` as written (`source_sha256`): one per kernel in the
+    file, the target's, and the functional's if it has its own (add-op; update's regenerated kernels)."""
+    source, test = _paths(plan)
+    return [
+        OpRecord(
+            op=op.qualified,
+            schema=op.qualified_schema,
+            signature=op.signature,
+            source=source,
+            origin="add-op",
+            test=test,
+            requested=plan.requested.qualified,
+            covers=[c for c in plan.covers if c != op.qualified] if op is plan.target else [],
+            overloads=[o.qualified for o in db.overloads(op.base)],
+            source_sha256=source_sha256,
+            registration=kernelgen.registration_entry(plan, device=project.device, op=op),
+        )
+        for op in [plan.target] + ([plan.functional] if plan.functional else [])
+    ]
 
 
 def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelgen.KernelPlan], list[str]]:
@@ -1000,4 +1007,117 @@ def profile(script: Path, args: list[str] | None = None, project_dir: Path | Non
         result.notes.append("this backend counts fallback calls but not their time (a project from an older template)")
     if status != 0:
         result.notes.append(f"the script {prof.status_text(status)}; the profile covers what ran until then")
+    return result
+
+
+# --- update ------------------------------------------------------------------------------------
+
+def update_project(project_dir: Path | None = None, *, dry_run: bool = False, torch_signatures: bool = False,
+                   build_it: bool = True, test_it: bool = True, allow_dirty: bool = False,
+                   keep_on_failure: bool = False, reporter: Reporter | None = None):
+    """Carry a project to the current template (backendgen.update): tool-owned files rewritten, the
+    others merged 3-way so no hand edit is lost, add-op's kernels brought to the current kernel
+    shape. With `torch_signatures`, first re-derive every recorded operator's signature from the
+    installed torch and fix the kernels where only types changed; then check.
+
+    One transaction: a failure or an interrupt puts every file back. Conflicts are left with
+    markers, listed in the result (exit_code 1) and recorded; nothing is built then. A project in a
+    git work tree with uncommitted changes is refused unless `allow_dirty`. `dry_run`: the
+    result's diff says what would change, nothing is written."""
+    from backendgen import history
+    from backendgen import update as upd
+    from backendgen.check import check_project
+    from backendgen.project import METADATA_FILE
+
+    rep = reporter or Reporter()
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    old, new = upd.recorded_version(project), history.current_version()
+    result = upd.UpdateResult(project.root, old, new, dry_run=dry_run)
+    if not dry_run and not allow_dirty:
+        dirty = upd.git_dirty(project.root)
+        if dirty:
+            more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
+            raise ProjectError(f"{project.root} has uncommitted changes ({dirty[0]}{more}); commit or stash them, "
+                               "or pass --allow-dirty")
+    with project.lock():
+        with rep.step("plan"):
+            result.unresolved = upd.pending_conflicts(project)
+            if result.unresolved:
+                return result  # an earlier update's conflicts first
+            db = load_opdb()
+            if db.torch_version != project.torch_version and not torch_signatures:
+                raise ProjectError(
+                    f"the project targets torch {project.torch_version} but torch {db.torch_version} is installed; "
+                    "pass --torch to move it to the installed torch too (or install the project's torch)"
+                )
+            _check_registration(project, db)  # refuses a registration file edited by hand
+            plan = upd.Plan(project.root)
+            old_torch = project.torch_version
+            skip = upd.plan_torch(project, db, plan, result) if torch_signatures else set()
+            if old < new or torch_signatures:
+                with history.template_of(old) as old_dir:
+                    if old < new:
+                        upd.plan_template(project, plan, result, old=old, old_dir=old_dir)
+                    upd.plan_kernels(project, db, plan, result, old=old, old_dir=old_dir, old_torch=old_torch, skip=skip)
+            if old < new:
+                project.data["template_version"] = str(new)
+                project.data["backendgen_version"] = __version__
+                upd.refresh_template_records(project, db)
+            if torch_signatures and not result.unfixable:
+                project.data["torch"] = {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256}
+                result.torch_recorded = db.torch_version
+            if result.conflicts:
+                project.data["update"] = {"from": old, "to": new, "conflicts": sorted(set(result.conflicts))}
+            else:
+                project.data.pop("update", None)
+            plan.write(REGISTRATION_FILE, _registration_text(project, db))
+            if REGISTRATION_FILE in plan.writes:
+                result.changes.append(upd.FileChange(REGISTRATION_FILE, "rewritten"))
+            plan.write(METADATA_FILE, project_metadata_text(project))
+            if METADATA_FILE in plan.writes:
+                result.changes.append(upd.FileChange(METADATA_FILE, "rewritten"))
+            result.diff = plan.diff()
+        if dry_run or not plan.writes:
+            if torch_signatures and not dry_run:
+                with rep.step("check"):
+                    result.check = check_project(Project.load(project.root))
+            return result
+        build_it = build_it and not result.conflicts and not result.unfixable  # nothing to build until resolved
+        if build_it:  # before anything is written
+            build.check_toolchain()
+            _check_no_other_backend(project.data["dist_name"])
+            if test_it:
+                build.check_test_tools()
+        tx = Transaction(project.root)
+        so = build.extension_path(project.root, project.package)
+        try:
+            with rep.step("write"), _writes(project.root, "the project was left as it was"):
+                if so is not None:
+                    tx.touch_file(so)  # a rollback also restores the built extension
+                for rel, text in plan.writes.items():
+                    if text is None:
+                        tx.remove(project.root / rel)
+                    else:
+                        tx.write(project.root / rel, text)
+                        if rel in plan.modes:
+                            (project.root / rel).chmod(plan.modes[rel])
+            if build_it:
+                with rep.step("build"):
+                    # through pip: the template may have changed setup.py, pyproject.toml or the packages
+                    build.build(project.root, project.package, project.data["dist_name"], incremental=False)
+                result.built = True
+                if test_it:
+                    with rep.step("test"):
+                        build.run_tests(project.root)
+                    result.tested = True
+        except BaseException as exc:
+            if keep_on_failure and not isinstance(exc, KeyboardInterrupt):
+                if hasattr(exc, "hint"):
+                    exc.hint = "the updated files were kept (--keep-on-failure); git diff shows them"
+            else:
+                tx.rollback()
+            raise
+    if torch_signatures:
+        with rep.step("check"):
+            result.check = check_project(Project.load(project.root))
     return result

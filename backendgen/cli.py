@@ -341,6 +341,68 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
+@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); --torch: to the installed torch's signatures.")
+@_handles_errors
+def update_cmd(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")] = False,
+    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, fix kernel signature lines where only types changed, then check.")] = False,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the tests.")] = False,
+    allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")] = False,
+    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the updated files if the build or the tests fail.")] = False,
+):
+    """Bring a project generated from an earlier template to the current one. Files backendgen writes
+    from backendgen.json are rewritten; every other file of the template is merged 3-way (the older
+    template, your project, the current template), so no hand edit is lost; kernels add-op wrote get
+    the current kernel shape the same way. A conflict is left with markers, listed, and the command
+    exits 1 (and again until the markers are gone); otherwise it builds and runs the tests. One
+    transaction: a failure or Ctrl-C leaves the project as it was."""
+    from backendgen import api
+    from backendgen.output import styled
+
+    res = api.update_project(project, dry_run=dry_run, torch_signatures=torch, build_it=not no_build, test_it=not no_test,
+                             allow_dirty=allow_dirty, keep_on_failure=keep_on_failure, reporter=_reporter())
+    con = _out()
+    if res.unresolved:
+        con.print(styled("unresolved conflicts", "red"), " from the last update (resolve the markers, then run update again):")
+        for rel in res.unresolved:
+            con.print(f"  {rel}")
+        raise typer.Exit(1)
+    if dry_run:
+        for line in res.diff.splitlines():
+            con.print(line)
+    verb = "would be " if dry_run else ""
+    for c in res.changes:
+        con.print(f"{c.action:<11} {c.path}" + (f" ({c.note})" if c.note else ""))
+    for note in res.notes:
+        con.print(f"note: {note}")
+    for fix in res.torch or []:
+        more = f"; close matches: {', '.join(fix.close_matches)}" if fix.close_matches else ""
+        line = f"{fix.op} ({fix.file}): {fix.detail}{more}"
+        if fix.action == "unfixable":
+            con.print(styled("cannot fix", "red"), f" {line}")
+        else:
+            con.print(f"{fix.action}: {line}")
+    if res.torch_recorded and not dry_run:
+        con.print(f"backendgen.json now targets torch {res.torch_recorded}")
+    if res.from_version == res.to_version and not res.changes:
+        con.print(f"nothing to do: the project is on template {res.to_version}")
+    elif res.conflicts:
+        con.print(styled(f"{len(res.conflicts)} conflict(s)", "red"),
+                  f" {verb}left with markers; resolve them, then run backendgen update again (it builds and tests):")
+        for rel in res.conflicts:
+            con.print(f"  {rel}")
+    elif not dry_run:
+        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+        con.print(styled(f"template {res.from_version} -> {res.to_version}", "green"), f": {state}")
+    if res.check is not None:
+        from backendgen.check import render_report
+
+        render_report(res.check, con)
+    raise typer.Exit(res.exit_code)
+
+
 @app.command(
     "profile",
     short_help="Run a script; rank the operators that ran on the CPU fallback, with add-op commands.",

@@ -265,10 +265,12 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
-def _env():
+def _env(ops_dir: Path | None = None):
+    """The jinja environment of the kernel templates: the installed template's `ops/`, or `ops_dir`
+    (an earlier template's, for backendgen update's base of a kernel file)."""
     from backendgen.render import template_dir
 
-    return _env_for(template_dir() / "ops")
+    return _env_for(Path(ops_dir) if ops_dir is not None else template_dir() / "ops")
 
 
 @functools.lru_cache(maxsize=4)
@@ -301,10 +303,11 @@ def completing_headers(op: Op) -> list[str]:
     return [header for marker, header in _COMPLETING_HEADERS.items() if marker in op.signature]
 
 
-def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str) -> str:
+def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str,
+                  ops_dir: Path | None = None) -> str:
     op = plan.target
     body = kernel_body(op, legacy=plan.legacy)
-    return _env().get_template("kernel.cpp.j2").render(
+    return _env(ops_dir).get_template("kernel.cpp.j2").render(
         device=device,
         torch_version=torch_version,
         op=op,
@@ -414,9 +417,9 @@ def opinfo_hints(op: Op) -> list[str]:
     return list(dict.fromkeys(hints))
 
 
-def render_test(plan: KernelPlan, *, device: str, source_path: str) -> str:
+def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Path | None = None) -> str:
     op = plan.target
-    return _env().get_template("test_op.py.j2").render(
+    return _env(ops_dir).get_template("test_op.py.j2").render(
         device=device,
         op=op,
         plan=plan,
@@ -426,5 +429,5 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str) -> str:
     )
 
 
-def render_harness(*, device: str, registration_file: str) -> str:
-    return _env().get_template("harness.py.j2").render(device=device, registration_file=registration_file)
+def render_harness(*, device: str, registration_file: str, ops_dir: Path | None = None) -> str:
+    return _env(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)

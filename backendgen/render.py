@@ -62,11 +62,12 @@ def staging_dir(dest: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def render_into(staging: Path, context: dict[str, str]) -> Path:
-    """Render the template with `context` (no prompts) under `staging`; return the project dir."""
+def render_into(staging: Path, context: dict[str, str], *, template: Path | None = None) -> Path:
+    """Render the template (or the template directory `template`: an earlier version, see
+    backendgen.history) with `context` (no prompts) under `staging`; return the project dir."""
     from cookiecutter.generate import generate_context, generate_files
 
-    tpl = template_dir()
+    tpl = Path(template) if template is not None else template_dir()
     ctx = generate_context(context_file=str(tpl / "cookiecutter.json"), extra_context=context)
     cache = bytecode_cache()
     if cache is not None:  # cookiecutter passes these to its jinja2 Environment
