@@ -118,10 +118,17 @@ def assert_hand_edits_intact(root: Path) -> None:
 def assert_on_current_template(root: Path) -> None:
     project = Project.load(root)
     assert project.template_version == CURRENT and "update" not in project.data
-    # the current template's files are there (template 5's regression tests, template 6's compiler)
+    # the current template's files are there (template 5's regression tests, template 6's compiler, template 7's
+    # operator wrappers)
     assert (root / "tests/test_semantics.py").is_file()
     assert (root / project.package / "compiler" / "inductor.py").is_file()
-    assert kernelgen.is_pristine_registration((root / REGISTRATION_FILE).read_text())
+    assert (root / project.package / "ops" / "__init__.py").is_file()
+    registration = (root / REGISTRATION_FILE).read_text()
+    assert kernelgen.is_pristine_registration(registration)
+    # template 7's autocast table: recorded, and registered by the generated file
+    assert project.amp_table and project.amp_table.get("mm") == "lower_precision_fp"
+    assert "TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)" in registration
+    assert 'TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)' not in (root / "csrc/aten/autocast.cpp").read_text()
     # every kernel now has the current kernel shape: the structured one gained its functional kernel
     mse = (root / "csrc/aten/ops/mse_loss.cpp").read_text()
     assert "kernels::common_device(" in mse and project.find_op("aten::mse_loss") is not None
@@ -189,15 +196,15 @@ def test_a_conflicting_edit_is_listed_exits_1_and_loses_nothing(old_backendgen, 
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 conflict(s) left with markers" in out.stdout and "\n  setup.py" in out.stdout
     merged = setup.read_text()
-    assert team_groups in merged and '"distributed"' in merged and "<<<<<<< yours" in merged and ">>>>>>> template 6" in merged
+    assert team_groups in merged and '"distributed"' in merged and "<<<<<<< yours" in merged and f">>>>>>> template {CURRENT}" in merged
     assert_hand_edits_intact(root)
     assert not (root / "build").exists()  # nothing was built
     assert json.loads((root / "backendgen.json").read_text())["update"]["conflicts"] == ["setup.py"]
     # until the markers are gone, update says so and exits 1
     again = run_cli("update", "--no-build", "--project", str(root), "--allow-dirty")
     assert again.returncode == 1 and "unresolved conflicts" in again.stdout and "setup.py" in again.stdout
-    resolved = merged.split("<<<<<<< yours\n")[0] + merged.split("=======\n", 1)[1].split(">>>>>>> template 6\n")[0] \
-        + merged.split(">>>>>>> template 6\n")[1]
+    resolved = merged.split("<<<<<<< yours\n")[0] + merged.split("=======\n", 1)[1].split(f">>>>>>> template {CURRENT}\n")[0] \
+        + merged.split(f">>>>>>> template {CURRENT}\n")[1]
     setup.write_text(resolved)
     done = run_cli("update", "--no-build", "--project", str(root), "--allow-dirty")
     assert done.returncode == 0, done.stdout + done.stderr
