@@ -245,6 +245,16 @@ def _check_registration(project: Project, db: OpDB) -> bool:
     return text != _registration_text(project, db)
 
 
+def _edit_transaction(project: Project) -> Transaction:
+    """A transaction for a command that edits and rebuilds the project: a rollback also restores the
+    built extension (a failed build may have replaced it)."""
+    tx = Transaction(project.root)
+    so = build.extension_path(project.root, project.package)
+    if so is not None:
+        tx.touch_file(so)
+    return tx
+
+
 def _write_registration(project: Project, db: OpDB, tx: Transaction) -> None:
     tx.write(project.root / REGISTRATION_FILE, _registration_text(project, db))
 
@@ -486,18 +496,15 @@ def add_ops(
                 result.added.append(qualified)
             result.files.append(project.root / REGISTRATION_FILE)
             return result
-        tx = Transaction(project.root)
-        so = build.extension_path(project.root, project.package)
+        tx = _edit_transaction(project)
         try:
             with rep.step("write"), _writes(project.root, "the project was left as it was"):
-                if so is not None:
-                    tx.touch_file(so)  # a rollback also restores the built extension
                 result.added = [_write_op(project, db, plan, tx) for plan in plans]
                 result.added += [_write_custom(project, c, tx) for c in extras.custom]
                 result.added += [_write_override(project, ov, db, tx) for ov in extras.overrides]
                 _write_registration(project, db, tx)
                 tx.write(project.metadata_path, project_metadata_text(project))
-                result.files = [p for p in tx.written if p.exists() and p != so]
+                result.files = [p for p in tx.written if p.exists() and p.suffix != ".so"]
             if build_it:
                 tests = [_paths(plan)[1] for plan in plans] + extras.tests if test_it else []
                 # the tests' process imports torch and the OpInfo database while the kernels compile
@@ -718,12 +725,9 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
         else:
             table[op.name] = policy
         project.data["amp"] = dict(sorted(table.items()))
-        tx = Transaction(project.root)
-        so = build.extension_path(project.root, project.package)
+        tx = _edit_transaction(project)
         try:
             with rep.step("write"), _writes(project.root, "the project was left as it was"):
-                if so is not None:
-                    tx.touch_file(so)
                 _write_registration(project, db, tx)
                 tx.write(project.metadata_path, project_metadata_text(project))
             if build_it:
@@ -1088,12 +1092,9 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             _check_no_other_backend(project.data["dist_name"])
             if test_it:
                 build.check_test_tools()
-        tx = Transaction(project.root)
-        so = build.extension_path(project.root, project.package)
+        tx = _edit_transaction(project)
         try:
             with rep.step("write"), _writes(project.root, "the project was left as it was"):
-                if so is not None:
-                    tx.touch_file(so)  # a rollback also restores the built extension
                 for rel, text in plan.writes.items():
                     if text is None:
                         tx.remove(project.root / rel)

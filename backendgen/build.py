@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -193,6 +194,10 @@ def build_project(root: Path, package: str, dist_name: str, *, incremental: bool
 def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
+        # Ctrl-C reaches the whole process group: when ninja (or pip) dies of it before this process
+        # sees its own KeyboardInterrupt, the build's failure is that interrupt, not a build error
+        if proc.returncode in (130, -signal.SIGINT) or re.search(r"returned non-zero exit status (130|-2)\.", text[-4000:]):
+            raise KeyboardInterrupt
         raise BuildError("build failed", log=log, first_error=first_error(text))
 
 
