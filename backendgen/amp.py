@@ -8,6 +8,7 @@ template 7 on have it; older ones keep their lists in autocast.cpp.
 
 from __future__ import annotations
 
+from backendgen.customop import FIRST_TEMPLATE
 from backendgen.errors import ProjectError, UserError
 
 # PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
@@ -18,7 +19,6 @@ POLICIES = {
     "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",
     "none": "not in the table: the operator runs in the dtypes it is given",
 }
-FIRST_TEMPLATE = 7
 TEST_FILE = "tests/test_amp_policies.py"
 
 
@@ -26,7 +26,7 @@ def check_supported(template_version: int) -> None:
     if template_version < FIRST_TEMPLATE:
         raise ProjectError(
             f"this project is from template {template_version}: its autocast table is the list in csrc/aten/autocast.cpp "
-            f"(edit it there); `backendgen amp` needs template {FIRST_TEMPLATE} or newer (docs/upgrading.md)"
+            f"(edit it there); `backendgen amp` needs template {FIRST_TEMPLATE} or newer: run backendgen update"
         )
 
 

@@ -346,9 +346,7 @@ class Extras:
         return [c.test for c in self.custom] + [o.test for o in self.overrides]
 
     def files(self, package: str) -> list[tuple[str, list[str]]]:
-        out = [(c.qualified, [c.source, *([c.autograd_source] if c.autograd else []), c.python_module(package), c.test])
-               for c in self.custom]
-        return out + [(o.op.qualified, [o.source, o.test]) for o in self.overrides]
+        return [(c.qualified, c.files(package)) for c in self.custom] + [(o.op.qualified, o.files) for o in self.overrides]
 
 
 def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | None, body: str | None,
@@ -369,24 +367,24 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
         raise ProjectError(
             f"this project is from template {project.template_version}: its setup.py does not compile csrc/custom_ops "
             f"or csrc/autograd; {device}:: operators and --autograd need template {customop.FIRST_TEMPLATE} "
-            "or newer (docs/upgrading.md)"
+            "or newer: run backendgen update"
         )
     recorded_custom = {d["op"]: d for d in project.custom_ops}
     recorded_overrides = {d["op"] for d in project.autograd_overrides}
     for n in names:
         if n in custom_names:
-            c = customop.parse(device, n, schema if schema is not None else recorded_custom.get(
-                f"{device}::{n.strip().removeprefix(device + '::')}", {}).get("schema", ""), body=body, autograd=autograd)
-            rec = recorded_custom.get(c.qualified)
+            rec = recorded_custom.get(f"{device}::{n.strip().removeprefix(device + '::')}")
+            c = customop.parse(device, n, schema if schema is not None else (rec or {}).get("schema", ""), body=body,
+                               autograd=autograd)
             if rec is not None:
-                if schema is not None and rec["schema"] != c.schema:
+                if rec["schema"] != c.schema:
                     raise ProjectError(f"{c.qualified} is already defined as {rec['schema']}; remove it before "
                                        "defining it again")
                 extras.unchanged.append(c.qualified)
                 continue
             if c.qualified in {x.qualified for x in extras.custom}:
                 continue
-            for rel in [c.source, c.python_module(project.package), c.test, *([c.autograd_source] if autograd else [])]:
+            for rel in c.files(project.package):
                 if (project.root / rel).exists():
                     raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away before "
                                        f"defining {c.qualified}")
@@ -398,7 +396,7 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
             if op.qualified in recorded_overrides:
                 extras.unchanged.append(op.qualified)
             elif op.qualified not in {o.op.qualified for o in extras.overrides}:
-                for rel in (ov.source, ov.test):
+                for rel in ov.files:
                     if (project.root / rel).exists():
                         raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away "
                                            f"before overriding {op.qualified}")
@@ -655,7 +653,7 @@ def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool
                         project.remove_op(rec.op)
                         result.removed.append(rec.op)
                 for section, rec in extras:
-                    project.data[section] = [d for d in project.data[section] if d["op"] != rec["op"]]
+                    project.unrecord(section, rec["op"])
                     result.removed.append(rec["op"])
                 _write_registration(project, db, tx)  # the installed torch's: remove-op is an upgrade step
                 tx.write(project.metadata_path, project_metadata_text(project))

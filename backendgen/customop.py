@@ -25,7 +25,7 @@ from backendgen.opdb import Arg, Op
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 SOURCE_DIR = "csrc/custom_ops"
 AUTOGRAD_DIR = "csrc/autograd"
-FIRST_TEMPLATE = 7  # its setup.py compiles csrc/custom_ops and csrc/autograd
+FIRST_TEMPLATE = 7  # its setup.py compiles csrc/custom_ops and csrc/autograd, and it has the autocast table
 
 
 def is_custom_name(name: str, device: str) -> bool:
@@ -47,6 +47,7 @@ class CustomOp:
     returns: tuple[Return, ...]
     body: str | None = None
     autograd: bool = False
+    func: object = None  # torchgen's FunctionSchema of `schema`
 
     @property
     def qualified(self) -> str:
@@ -70,6 +71,10 @@ class CustomOp:
     @property
     def test(self) -> str:
         return f"tests/ops/test_{self.device}_{self.name}.py"
+
+    def files(self, package: str) -> list[str]:
+        """Every file add-op writes for it."""
+        return [self.source, *([self.autograd_source] if self.autograd else []), self.python_module(package), self.test]
 
     @property
     def mutates(self) -> bool:
@@ -184,7 +189,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         composite_explicit=False, needs_backend_kernel=True, namespace=device,
     )
     custom = CustomOp(device=device, name=bare, schema=str(func), op=op, returns=tuple(rets),
-                      body=_check_body(body, bare, device), autograd=autograd)
+                      body=_check_body(body, bare, device), autograd=autograd, func=func)
     if any(r.kind == "view" for r in rets) and (len(rets) > 1 or rets[0].arg != args[0].name):
         raise UserError(f"{custom.qualified}: a view must be its operator's one result, and of its first argument "
                         "(what PyTorch's view tracking for custom operators supports)")
@@ -241,9 +246,7 @@ def _python_default(default: str | None) -> str | None:
 
 def python_params(custom: CustomOp) -> tuple[str, str]:
     """The wrapper's parameter list and the call's argument list, keyword-only args kept so."""
-    from torchgen.model import FunctionSchema
-
-    func = FunctionSchema.parse(f"{custom.name}{custom.schema[len(custom.name):]}")
+    func = custom.func
     params, call = [], []
     positional = list(func.arguments.flat_positional)
     for a in positional:
@@ -262,9 +265,7 @@ def python_params(custom: CustomOp) -> tuple[str, str]:
 
 def sample_args(custom: CustomOp) -> tuple[list[str], list[str]]:
     """Python expressions of one call's positional and keyword arguments on CPU tensors (`dtype`)."""
-    from torchgen.model import FunctionSchema
-
-    func = FunctionSchema.parse(f"{custom.name}{custom.schema[len(custom.name):]}")
+    func = custom.func
 
     def value(a) -> str:
         t = str(a.type)

@@ -40,6 +40,10 @@ class Override:
         return f"tests/ops/test_autograd_{self.stem}.py"
 
     @property
+    def files(self) -> list[str]:
+        return [self.source, self.test]
+
+    @property
     def namespace(self) -> str:
         return f"{self.device}::autograd_overrides::{self.stem}"
 

@@ -154,6 +154,9 @@ class Project:
         items = [d for d in self.data.get(section, []) if d.get("op") != entry["op"]]
         self.data[section] = sorted([*items, entry], key=lambda d: d["op"])
 
+    def unrecord(self, section: str, op: str) -> None:
+        self.data[section] = [d for d in self.data.get(section, []) if d.get("op") != op]
+
     def add_op(self, rec: OpRecord) -> None:
         """Record `rec`, in place of an earlier record of the same operator."""
         ops = self.data["ops"]
