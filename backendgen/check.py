@@ -260,7 +260,8 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
     keyed = load.get("keyed", {})
     if project.custom_ops and all(all(keyed.get(d["op"], {}).values()) for d in project.custom_ops):
         report.add("extension", "ok", f"{project.device}::*",
-                   f"{len(project.custom_ops)} operators of the backend registered with all their kernels")
+                   f"{len(project.custom_ops)} operator{'s' if len(project.custom_ops) != 1 else ''} of the backend "
+                   "registered with all their kernels")
 
 
 def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
