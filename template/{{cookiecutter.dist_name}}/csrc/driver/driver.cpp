@@ -153,7 +153,7 @@ Status free(void* ptr, int* device, size_t* bytes) {
   return Status::ok;
 }
 
-Status memcpy(void* dst, const void* src, size_t bytes, CopyKind) {
+Status memcpy(void* dst, const void* src, size_t bytes, CopyKind, int, int64_t) {
   if (bytes == 0) return Status::ok;
   if (dst == nullptr || src == nullptr) return Status::invalid_value;
   std::memmove(dst, src, bytes);
@@ -212,7 +212,7 @@ bool is_host_pinned(const void* ptr) {
   return state().pinned.count(ptr) != 0;
 }
 
-Status stream_create(int device, int64_t* stream) {
+Status stream_create(int device, int, int64_t* stream) {
   if (!valid(device)) return Status::invalid_device;
   std::lock_guard<std::mutex> lock(state().mu);
   *stream = state().next_stream[device]++;
@@ -254,6 +254,47 @@ Status event_elapsed_ms(float* ms, void* start, void* end) {
   if (!a->timing || !b->timing || !a->recorded || !b->recorded) return Status::invalid_value;
   *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
   return Status::ok;
+}
+
+// --- interim synchronous versions of the asynchronous API (replaced by the stream workers) ---
+Status init() { return Status::ok; }
+bool is_initialized() { return state().initialized; }
+void mark_forked() { state().bad_fork = true; }
+Status get_device_properties(int device, DeviceProperties* props) {
+  if (!valid(device)) return Status::invalid_device;
+  props->name = "{{ cookiecutter.device }} (emulated)";
+  props->major = 1;
+  props->minor = 0;
+  props->total_memory = state().limit[device];
+  props->multi_processor_count = 1;
+  return Status::ok;
+}
+Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
+  return memcpy(dst, src, bytes, kind, device, stream);
+}
+void* host_address(const void* ptr) { return pointer_device(ptr) >= 0 ? const_cast<void*>(ptr) : nullptr; }
+Status stream_priority_range(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -1;
+  return Status::ok;
+}
+Status launch(int device, int64_t, const char*, std::function<void()> work) {
+  if (!valid(device)) return Status::invalid_device;
+  work();
+  return Status::ok;
+}
+Status run_blocking(int device, int64_t, const char*, const std::function<void()>& work) {
+  if (!valid(device)) return Status::invalid_device;
+  work();
+  return Status::ok;
+}
+Status sleep(int device, int64_t, int64_t) { return valid(device) ? Status::ok : Status::invalid_device; }
+void set_tracing(bool) {}
+std::vector<Activity> take_activities() { return {}; }
+void set_correlation(uint64_t) {}
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace {{ cookiecutter.device }}::driver

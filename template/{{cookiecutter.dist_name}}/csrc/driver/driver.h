@@ -1,14 +1,26 @@
 // The device driver API of the {{ cookiecutter.device }} backend — THE seam a hardware team replaces.
 //
 // Everything above this file (allocators, guard, hooks, kernels) talks to the device only through
-// these functions. Here they are implemented by an emulator (driver.cpp): device memory is host
-// memory with a per-device capacity, and streams and events complete synchronously because the
-// emulated kernels run on the calling thread. A hardware team re-implements this header on its SDK
-// (runtime, memory, stream and event calls) and keeps the rest of the backend.
+// these functions. Here they are implemented by an emulator (driver.cpp) that behaves like an
+// asynchronous accelerator, so that lifetime and ordering bugs show up on a CPU machine:
+//   - each stream runs its work (kernels, copies, event records, waits) in order on a worker
+//     thread of its own; launching returns at once, and only the synchronize calls, event
+//     queries and blocking copies tell the host that the work is done;
+//   - device memory is host memory the host cannot touch by accident: the address a device
+//     allocation returns is mapped with no access, and only the driver (and kernels it runs,
+//     through host_address) reaches the bytes through a second mapping;
+//   - events complete when their stream reaches them, and a stream that waits on an event does
+//     not run past the wait until the event completes.
+// A hardware team re-implements this header on its SDK (runtime, memory, stream, event and
+// profiler calls) and keeps the rest of the backend; host_address, launch and sleep are what an
+// SDK's kernel launches replace.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace {{ cookiecutter.device }}::driver {
 
@@ -26,36 +38,80 @@ enum class CopyKind : int { host_to_device, device_to_host, device_to_device, ho
 
 // Devices
 int device_count();
+Status init();  // starts the driver (idempotent); every other call but device_count starts it too
+bool is_initialized();
 Status get_device(int* device);
 Status set_device(int device);
-Status device_synchronize(int device);
-bool in_bad_fork();  // true in a child forked after the parent used a device
+Status device_synchronize(int device);  // waits for the work of every stream of the device
+bool in_bad_fork();                     // true in a child forked after the parent used a device
+void mark_forked();                     // called by the runtime's fork handler in the child
 
-// Device memory
+struct DeviceProperties {
+  std::string name;
+  int major = 0, minor = 0;  // compute capability of the emulated device
+  size_t total_memory = 0;
+  int multi_processor_count = 0;
+};
+Status get_device_properties(int device, DeviceProperties* props);
+
+// Device memory. Driver allocations are page-granular and slow (two mappings each): the device
+// allocator above caches them.
 Status malloc(int device, void** ptr, size_t bytes);
 Status free(void* ptr, int* device = nullptr, size_t* bytes = nullptr);  // reports what was freed
-Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind);
+// Synchronous copy: ordered after all work queued on (device, stream), returns when done.
+Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int device = -1, int64_t stream = 0);
+// Asynchronous copy queued on (device, stream); the caller keeps both buffers alive and unchanged
+// until the stream passes it (record an event after it).
+Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream);
 Status mem_info(int device, size_t* free_bytes, size_t* total_bytes);
 Status set_mem_limit(int device, size_t bytes);  // emulator only: the device's capacity
 int pointer_device(const void* ptr);  // the device owning ptr, or -1
+// Emulator only: the host address kernels use for device address `ptr` (any address inside an
+// allocation), or nullptr if ptr is not device memory.
+void* host_address(const void* ptr);
 
 // Pinned (page-locked) host memory
 Status host_malloc(void** ptr, size_t bytes);
 Status host_free(void* ptr);
 bool is_host_pinned(const void* ptr);
 
-// Streams: handles are small integers per device; 0 is the default stream.
-Status stream_create(int device, int64_t* stream);
+// Streams: handles are small integers per device; 0 is the default stream. Lower priority values
+// run first when a device is busy (as in CUDA, 0 is the default and -1 the high priority).
+Status stream_create(int device, int priority, int64_t* stream);
+Status stream_priority_range(int* least, int* greatest);  // e.g. 0 and -1
 Status stream_synchronize(int device, int64_t stream);
 Status stream_query(int device, int64_t stream);  // ok when all work is done, else not_ready
 Status stream_wait_event(int device, int64_t stream, void* event);
+
+// Work on a stream. launch queues `work` (a kernel) on the stream's worker thread and returns;
+// `name` is what the profiler shows. run_blocking waits for the stream's queued work, runs `work`
+// on the calling thread as the stream's next item, and returns when it is done (kernels whose
+// output sizes depend on their inputs, and the emulator's kernels that return new tensors).
+Status launch(int device, int64_t stream, const char* name, std::function<void()> work);
+Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work);
+// Test aid, like torch.cuda._sleep: queues work that keeps the stream busy for `microseconds`.
+Status sleep(int device, int64_t stream, int64_t microseconds);
 
 // Events
 Status event_create(void** event, bool timing);
 Status event_destroy(void* event);
 Status event_record(void* event, int device, int64_t stream);
-Status event_query(void* event);
+Status event_query(void* event);  // ok once the stream has passed the record, else not_ready
 Status event_synchronize(void* event);
 Status event_elapsed_ms(float* ms, void* start, void* end);
+
+// Profiling: while tracing is on, the driver records every kernel, copy and sleep it runs.
+struct Activity {
+  enum Kind : int { kernel, memcpy, sleep } kind = kernel;
+  std::string name;
+  int device = 0;
+  int64_t stream = 0;
+  int64_t start_ns = 0, end_ns = 0;  // steady clock
+  uint64_t correlation = 0;          // the value of set_correlation on the launching thread
+};
+void set_tracing(bool on);
+std::vector<Activity> take_activities();
+void set_correlation(uint64_t id);  // per thread: tags the launches that follow
+int64_t now_ns();                   // the clock of Activity times
 
 }  // namespace {{ cookiecutter.device }}::driver

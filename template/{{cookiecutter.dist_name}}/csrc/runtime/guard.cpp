@@ -76,7 +76,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int) const override {
     d = resolve(d);
     int64_t id = 0;
-    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_create(d.index(), &id));
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_create(d.index(), 0, &id));
     return c10::Stream(c10::Stream::UNSAFE, d, id);
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
