@@ -151,7 +151,11 @@ def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
             lines.append(f"at::Tensor {name} = {first.name}.size() ? *{first.name}.begin() : at::Tensor();")
         return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
     check = f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)})'
-    return [f"const c10::Device run_on = {check};", "c10::DeviceGuard guard(run_on);"]
+    return [
+        f"const c10::Device run_on = {check};",
+        "c10::DeviceGuard guard(run_on);",
+        f'{K}::StreamScope on_stream(run_on, "{op.qualified}");  // runs in order on the current stream',
+    ]
 
 
 def kernel_body(op: Op, *, legacy: bool = False, callee: str | None = None) -> Body:

@@ -132,6 +132,12 @@ def stream(stream: torch.Stream | None):
         set_stream(previous)
 
 
+def _sleep(microseconds: int) -> None:
+    """Queue work that keeps the current stream busy for `microseconds` (a test aid, like
+    torch.cuda._sleep): what follows on the stream waits, the host does not."""
+    _C.sleep(int(microseconds))
+
+
 def _is_in_bad_fork() -> bool:
     return _C.is_in_bad_fork()
 

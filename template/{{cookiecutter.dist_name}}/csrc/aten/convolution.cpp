@@ -17,6 +17,7 @@ at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const std:
                    bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups) {
   const c10::Device device = kernels::device_of(input);
   c10::OptionalDeviceGuard guard(device);
+  kernels::StreamScope on_stream(device, "convolution");
   at::Tensor out = at::_ops::convolution::call(kernels::host_alias(input), kernels::host_alias(weight),
                                                kernels::host_alias(bias), stride, padding, dilation, transposed,
                                                output_padding, groups);
@@ -29,6 +30,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
     c10::SymInt groups, std::array<bool, 3> output_mask) {
   const c10::Device device = kernels::device_of(input);
   c10::OptionalDeviceGuard guard(device);
+  kernels::StreamScope on_stream(device, "convolution_backward");
   std::optional<c10::SymInt> bias_size;
   if (output_mask[2]) bias_size = transposed ? weight.sym_size(1) * groups : weight.sym_size(0);
   std::optional<c10::SymIntArrayRef> bias_sizes;

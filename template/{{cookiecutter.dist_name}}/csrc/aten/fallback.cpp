@@ -200,7 +200,8 @@ class Staging {
       s.host = c10::Storage(c10::Storage::use_byte_size_t(), n, c10::GetCPUAllocator(), /*resizable=*/true);
       if (n > 0) {
         {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(s.host.mutable_data(), static_cast<const char*>(s.device.data()) + s.lo,
-                                                       n, driver::CopyKind::device_to_host));
+                                                       n, driver::CopyKind::device_to_host, s.where.index(),
+                                                       runtime::current_stream_id(s.where.index())));
       }
       if (!s.declared_written && n > 0) {
         const char* p = static_cast<const char*>(s.host.data());
@@ -239,7 +240,8 @@ void Staging::write_back() {
     if (!changed || n == 0) continue;
     kernels::grow_storage(s.device, s.lo + n, s.where);
     {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(static_cast<char*>(s.device.mutable_data()) + s.lo, host->data(), n,
-                                                   driver::CopyKind::host_to_device));
+                                                   driver::CopyKind::host_to_device, s.where.index(),
+                                                   runtime::current_stream_id(s.where.index())));
   }
   for (StagedTensor& st : tensors_) {
     const at::Tensor& h = st.host;
@@ -249,7 +251,8 @@ void Staging::write_back() {
       c10::Storage fresh = new_device_storage(h.storage().nbytes(), st.device.device());
       if (h.storage().nbytes() > 0) {
         {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), h.storage().data(), h.storage().nbytes(),
-                                                       driver::CopyKind::host_to_device));
+                                                       driver::CopyKind::host_to_device, st.device.device().index(),
+                                                       runtime::current_stream_id(st.device.device().index())));
       }
       d->set_storage_keep_dtype(std::move(fresh));
       d->set_sizes_and_strides(h.sizes(), h.strides(), h.storage_offset());
@@ -286,7 +289,8 @@ c10::IValue Staging::to_device(const c10::IValue& v) {
         // an efficient zero tensor (autograd's zeros) has no memory: the device gets real zeros
         std::vector<char> zeros(h.storage().data() == nullptr ? n : 0);
         const void* src = zeros.empty() ? h.storage().data() : zeros.data();
-        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), src, n, driver::CopyKind::host_to_device));
+        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), src, n, driver::CopyKind::host_to_device,
+                                                       device().index(), runtime::current_stream_id(device().index())));
       }
       it = new_results_.emplace(key, std::move(fresh)).first;
     }
@@ -358,6 +362,7 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Staging staging(op, stack);
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
+  kernels::StreamScope on_stream(device, "cpu fallback");  // the staging copies waited for the stream
   {
     Generators generators(op, stack, device);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);

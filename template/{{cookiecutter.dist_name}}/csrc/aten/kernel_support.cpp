@@ -2,8 +2,9 @@
 // device checks and output allocation for kernels.
 //
 // What a hardware team replaces: host_alias only works because the emulated device memory is host
-// memory. With real device memory, kernels launch SDK work on device pointers instead, and the
-// minimal ops (_copy_from) move bytes with driver::memcpy. common_device and empty_device stay.
+// memory (driver::host_address). With real device memory, kernels launch SDK work on device
+// pointers instead, and the minimal ops (_copy_from) move bytes with driver::memcpy.
+// common_device, empty_device and StreamScope stay.
 #include "aten/kernel_support.h"
 
 #include <ATen/EmptyTensor.h>
@@ -23,14 +24,22 @@ namespace {{ cookiecutter.device }}::kernels {
 namespace {
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
 
+// The host address of a device storage's bytes (the driver's mapping; the device address itself
+// is not accessible from the host).
+void* host_bytes(const c10::Storage& st) {
+  if (st.data() == nullptr) return nullptr;
+  void* host = driver::host_address(st.data());
+  TORCH_CHECK(host != nullptr, "{{ cookiecutter.device }}: a device tensor's storage is not device memory");
+  return host;
+}
+
 // A CPU tensor over the memory of device tensor `t`, sharing nothing with it but the bytes.
 at::Tensor make_alias(const at::Tensor& t) {
   const c10::Storage& st = t.storage();
   // Non-owning: the device allocator frees the memory; resizable, so an out= kernel may grow it
   // (write_back notices and moves the result to device memory).
   c10::Storage host(c10::Storage::use_byte_size_t(), st.nbytes(),
-                    c10::DataPtr(const_cast<void*>(st.data()), c10::Device(c10::DeviceType::CPU)),
-                    c10::GetCPUAllocator(), /*resizable=*/true);
+                    c10::DataPtr(host_bytes(st), c10::Device(c10::DeviceType::CPU)), c10::GetCPUAllocator(), /*resizable=*/true);
   auto h = at::detail::make_tensor<c10::TensorImpl>(std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                     t.dtype());
   h.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -57,7 +66,7 @@ void repoint(const at::Tensor& alias, const at::Tensor& t) {
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   const c10::Storage& st = t.storage();
   // Drops whatever the alias pointed at; if an out= kernel had grown it, that frees the CPU memory.
-  storage->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(st.data()), c10::Device(c10::DeviceType::CPU)));
+  storage->set_data_ptr_noswap(c10::DataPtr(host_bytes(st), c10::Device(c10::DeviceType::CPU)));
   storage->set_nbytes(st.nbytes());
   if (impl->dtype() != t.dtype()) impl->set_storage_and_dtype(impl->storage(), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -80,6 +89,19 @@ at::Tensor host_alias(const at::Tensor& t) {
     }
   }
   return make_alias(t);  // more aliases alive than the pool holds
+}
+
+at::Tensor borrowed(const at::Tensor& t) {
+  const c10::Storage& st = t.storage();
+  c10::Storage view(c10::Storage::use_byte_size_t(), st.nbytes(),
+                    c10::DataPtr(const_cast<void*>(st.data()), c10::Device(c10::DeviceType::CPU)), nullptr,
+                    /*resizable=*/false);
+  auto b = at::detail::make_tensor<c10::TensorImpl>(std::move(view), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    t.dtype());
+  b.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) b._set_conj(true);
+  if (t.is_neg()) b._set_neg(true);
+  return b;
 }
 
 std::optional<at::Tensor> host_alias(const std::optional<at::Tensor>& t) {
@@ -111,7 +133,7 @@ c10::List<std::optional<at::Tensor>> host_alias(const c10::List<std::optional<at
 void write_back(const at::Tensor& device_out, const at::Tensor& host_out) {
   if (!on_device(device_out) || !host_out.defined()) return;
   c10::TensorImpl* d = device_out.unsafeGetTensorImpl();
-  if (host_out.storage().data() == device_out.storage().data()) {
+  if (host_out.storage().data() == host_bytes(device_out.storage())) {
     if (host_out.sizes() != device_out.sizes() || host_out.strides() != device_out.strides() ||
         host_out.storage_offset() != device_out.storage_offset()) {
       d->set_sizes_and_strides(host_out.sizes(), host_out.strides(), host_out.storage_offset());
@@ -139,7 +161,8 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device) {
                                                                device, std::nullopt, std::nullopt);
   if (dense) {
     {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(out.data_ptr(), host.data_ptr(), host.nbytes(),
-                                                   driver::CopyKind::host_to_device));
+                                                   driver::CopyKind::host_to_device, device.index(),
+                                                   runtime::current_stream_id(device.index())));
   } else {
     at::Tensor alias = host_alias(out);
     at::_ops::copy_::call(alias, host, false);
@@ -189,6 +212,15 @@ c10::Device current() { return c10::Device(c10::DeviceType::PrivateUse1, runtime
 
 }  // namespace detail
 
+StreamScope::StreamScope(c10::Device device, const char* name)
+    : device_(device.index() >= 0 ? device.index() : runtime::current_device()),
+      stream_(runtime::current_stream_id(static_cast<c10::DeviceIndex>(device_))),
+      name_(name) {
+  {{ cookiecutter.DEVICE }}_CHECK(driver::enter_stream(device_, stream_));
+}
+
+StreamScope::~StreamScope() { driver::leave_stream(device_, stream_, name_); }
+
 at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options) {
   constexpr auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
   const c10::ScalarType dtype = options.dtype().toScalarType();
@@ -205,7 +237,8 @@ void grow_storage(const c10::Storage& storage, size_t nbytes, c10::Device device
   c10::DeviceGuard guard(device);  // the allocator allocates on the current device
   c10::DataPtr fresh = runtime::device_allocator()->allocate(nbytes);
   if (s->nbytes() > 0) {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.get(), s->data(), s->nbytes(), driver::CopyKind::device_to_device));
+    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.get(), s->data(), s->nbytes(), driver::CopyKind::device_to_device,
+                                                   device.index(), runtime::current_stream_id(device.index())));
   }
   s->set_data_ptr_noswap(std::move(fresh));
   s->set_nbytes(nbytes);

@@ -1,10 +1,12 @@
 // Helpers every {{ cookiecutter.device }} kernel uses to run on device memory (see kernel_support.cpp).
 //
-// The emulated device's memory is host memory, so a kernel can view its tensors as CPU tensors
-// without copying (`host_alias`), run the CPU kernel on them, and publish the result back
-// (`write_back` for mutated arguments, `to_device` for new results). On real hardware kernels
-// call the SDK instead and need these only for host<->device staging. `common_device` and
-// `empty_device` are what any backend's kernels need: argument checks and output allocation.
+// The emulated device's memory is host memory behind the driver, so a kernel can view its tensors
+// as CPU tensors without copying (`host_alias`, through driver::host_address), run the CPU kernel
+// on them, and publish the result back (`write_back` for mutated arguments, `to_device` for new
+// results). A kernel body runs as the current stream's next item (`StreamScope`): after the work
+// queued there, before work queued after it. On real hardware kernels launch SDK work instead and
+// need these only for host<->device staging. `common_device`, `empty_device` and `StreamScope` are
+// what any backend's kernels need: argument checks, output allocation and stream order.
 #pragma once
 
 // Every kernel file includes this header, so it stays narrow: c10::List and c10::IListRef (their
@@ -27,6 +29,10 @@ std::optional<at::Tensor> host_alias(const std::optional<at::Tensor>& t);
 std::vector<at::Tensor> host_alias(at::ITensorListRef ts);
 std::vector<at::Tensor> host_alias(at::TensorList ts);
 c10::List<std::optional<at::Tensor>> host_alias(const c10::List<std::optional<at::Tensor>>& ts);
+
+// A CPU tensor over the same bytes as the CPU tensor `t` that does not keep them alive: for work
+// queued on a stream, which (like a kernel on real hardware) holds no reference to its buffers.
+at::Tensor borrowed(const at::Tensor& t);
 
 // After an in-place or out= call on `host_out` (a host alias of `device_out`): carry its new
 // sizes/strides back, or — if the CPU kernel had to reallocate it — grow the device storage, give
@@ -65,6 +71,22 @@ c10::Device common_device(const char* op, CpuArgs cpu, const Tensors&... tensors
   (detail::check_device(common, tensors, cpu, op), ...);
   return common.has_value() ? *common : detail::current();
 }
+
+// Holds `device`'s current stream for a kernel body run on the calling thread: waits for the work
+// queued on it, and work launched meanwhile from other threads queues behind the body.
+// `name` (a string literal) is what the profiler shows.
+class StreamScope {
+ public:
+  explicit StreamScope(c10::Device device, const char* name = nullptr);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  int device_;
+  int64_t stream_;
+  const char* name_;
+};
 
 // A new tensor in device memory on the current device: contiguous (in `options`' memory format)
 // when `strides` is empty, else with those strides. Takes the allocator directly, not the

@@ -1,11 +1,14 @@
 // The minimal operator set every PrivateUse1 backend must implement: tensor creation (empty,
 // empty_strided), views (as_strided, view, _reshape_alias), resize_, copies between host and device
-// (_copy_from, _copy_from_and_resize), reading a scalar (_local_scalar_dense) and set_.
+// (_copy_from, _copy_from_and_resize), reading a scalar (_local_scalar_dense), set_ and
+// record_stream.
 // Everything else reaches the device through native kernels (csrc/aten/ops/) or the CPU fallback.
 //
 // What a hardware team replaces: the two copy kernels (use driver::memcpy with the right CopyKind
 // instead of host aliases). Creation, views and resize only manage metadata and the allocator.
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/as_strided_ops.h>
 #include <ATen/ops/copy_ops.h>
@@ -90,11 +93,49 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 }
 
 // Copies between the host and the device, or between devices. The CPU copy kernel handles dtype
-// conversion, broadcasting and strides on host aliases of both sides.
+// conversion, broadcasting and strides on host aliases of both sides. As on CUDA:
+//   - a copy within one device is queued on the current stream and returns at once;
+//   - a non_blocking copy between the device and pinned host memory is queued too, and the
+//     pinned block is not reused before the stream passes the copy (the host allocator's
+//     record_event); the host must synchronize before it reads (or refills) the host side;
+//   - every other copy with the host is blocking: it runs after the stream's queued work and
+//     returns when done.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  c10::OptionalDeviceGuard guard(kernels::device_of(dst.device().type() == c10::DeviceType::PrivateUse1 ? dst : self));
-  at::Tensor dst_alias = kernels::host_alias(dst);
-  at::_ops::copy_::call(dst_alias, kernels::host_alias(self), non_blocking);
+  const bool dst_on_device = dst.device().type() == c10::DeviceType::PrivateUse1;
+  const bool src_on_device = self.device().type() == c10::DeviceType::PrivateUse1;
+  const c10::Device device = kernels::device_of(dst_on_device ? dst : self);
+  c10::DeviceGuard guard(device);
+  const int64_t stream = runtime::current_stream_id(device.index());
+  if (dst_on_device && src_on_device && self.device() != dst.device()) {
+    // Between devices: the source's device finishes what it queued, then the copy runs in order
+    // on the destination's stream.
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(self.device().index(),
+                                                               runtime::current_stream_id(self.device().index())));
+  }
+  const at::Tensor& host_side = dst_on_device ? self : dst;
+  const bool pinned = !(dst_on_device && src_on_device) && driver::is_host_pinned(host_side.storage().data());
+  const bool queued = (dst_on_device && src_on_device && self.device() == dst.device()) || (non_blocking && pinned);
+  if (!queued) {
+    kernels::StreamScope on_stream(device, "copy");
+    at::Tensor dst_alias = kernels::host_alias(dst);
+    at::_ops::copy_::call(dst_alias, kernels::host_alias(self), false);
+    return dst;
+  }
+  // The work holds views, not references: like a kernel on real hardware, it does not keep the
+  // tensors alive (record_stream / the pinned allocator's events do that).
+  at::Tensor to = dst_on_device ? kernels::host_alias(dst) : kernels::borrowed(dst);
+  at::Tensor from = src_on_device ? kernels::host_alias(self) : kernels::borrowed(self);
+  const char* name = dst_on_device && src_on_device ? "copy device to device"
+                     : dst_on_device                ? "copy host to device"
+                                                    : "copy device to host";
+  {{ cookiecutter.DEVICE }}_CHECK(driver::launch(device.index(), stream, name, [to = std::move(to), from = std::move(from)]() mutable {
+    at::_ops::copy_::call(to, from, false);
+  }));
+  if (pinned) {
+    const c10::DataPtr& block = host_side.storage().data_ptr();
+    at::getHostAllocator(c10::DeviceType::PrivateUse1)
+        ->record_event(block.get(), block.get_context(), c10::Stream(c10::Stream::UNSAFE, device, stream));
+  }
   return dst;
 }
 
@@ -107,8 +148,17 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) {
+c10::Scalar local_scalar_dense(const at::Tensor& self) {  // the host waits for the value
+  kernels::StreamScope on_stream(self.device(), "_local_scalar_dense");
   return at::_ops::_local_scalar_dense::call(kernels::host_alias(self));
+}
+
+// tensor.record_stream(s): the caching allocator keeps the memory from reuse until s has passed
+// the work queued on it when the tensor is freed.
+void record_stream(at::Tensor& self, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == c10::DeviceType::PrivateUse1, "record_stream: expected a {{ cookiecutter.device }} stream, got ",
+              s.device());
+  static_cast<c10::DeviceAllocator*>(runtime::device_allocator())->recordStream(self.storage().data_ptr(), s);
 }
 
 at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
@@ -147,6 +197,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(ops::copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(ops::copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(ops::local_scalar_dense));
+  m.impl("record_stream", TORCH_FN(ops::record_stream));
   m.impl("set_.source_Storage", TORCH_FN(ops::set_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(ops::set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(ops::set_tensor));

@@ -23,6 +23,7 @@ using Gen = std::optional<at::Generator>;
 template <typename Fn>
 at::Tensor& with_host_generator(at::Tensor& self, const Gen& gen, Fn fn) {
   c10::OptionalDeviceGuard guard(kernels::device_of(self));
+  kernels::StreamScope on_stream(kernels::device_of(self), "random");
   runtime::HostGeneratorScope scope(gen, kernels::device_of(self));
   at::Tensor h = kernels::host_alias(self);
   fn(h, scope.host());

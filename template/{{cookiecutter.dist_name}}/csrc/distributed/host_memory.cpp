@@ -13,6 +13,8 @@
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
+#include "runtime/runtime.h"
+
 namespace {{ cookiecutter.device }}::distributed {
 namespace {
 
@@ -24,8 +26,13 @@ at::Tensor host_view(const at::Tensor& t) {
               t.device());
   TORCH_CHECK(!t.is_conj() && !t.is_neg(), "host_view: resolve the conjugate/negative bit first (resolve_conj())");
   const c10::Storage& st = t.storage();
+  // The collective runs on the host: the device's queued work on t must be done first.
+  const c10::DeviceIndex device = t.device().index();
+  {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(device, runtime::current_stream_id(device)));
+  void* bytes = st.data() != nullptr ? driver::host_address(st.data()) : nullptr;
+  TORCH_CHECK(st.data() == nullptr || bytes != nullptr, "host_view: the tensor's storage is not device memory");
   auto* keep = new c10::Storage(st);  // released with the view's memory
-  c10::DataPtr ptr(st.mutable_data(), keep, &release_storage, c10::Device(c10::DeviceType::CPU));
+  c10::DataPtr ptr(bytes, keep, &release_storage, c10::Device(c10::DeviceType::CPU));
   c10::Storage host(c10::Storage::use_byte_size_t(), st.nbytes(), std::move(ptr), /*allocator=*/nullptr,
                     /*resizable=*/false);
   auto view = at::detail::make_tensor<c10::TensorImpl>(std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU),

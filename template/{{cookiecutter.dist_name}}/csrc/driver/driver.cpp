@@ -1,11 +1,21 @@
-// Emulated implementation of driver.h: device memory is host memory.
+// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest).
 //
-// What a hardware team replaces: this whole file, with calls into its SDK. The emulator keeps a
-// table of live allocations (to answer "which device owns this pointer" and to enforce each
-// device's capacity, set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as 512M or 16G), a
-// current device per thread, and events that record a timestamp. No torch headers here.
+// Device memory is host memory that the host cannot touch by accident. Each driver allocation is a
+// memory file mapped twice: the device address handed out is mapped with no access at all (a
+// kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
+// real accelerator), and a second, read-write mapping is what host_address returns to the driver
+// and to the kernels it runs. The emulator also keeps the table of live allocations (which device
+// owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
+// 512M or 16G) and a current device per thread.
+//
+// What a hardware team replaces: this whole file, with calls into its SDK (device memory, pinned
+// host memory, device properties). No torch headers here.
 #include "driver/driver.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -37,23 +47,24 @@ size_t parse_bytes(const char* text, size_t fallback) {
   return static_cast<size_t>(value);
 }
 
-struct Event {
-  bool timing = false;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point when{};
+struct Allocation {
+  int device;
+  size_t bytes;   // as requested (what the capacity counts)
+  size_t mapped;  // page-rounded length of both mappings
+  char* host;     // the driver's read-write mapping of the same pages
 };
 
-struct State {
+struct MemoryState {
   std::mutex mu;
   int count = kDefaultDevices;
   std::vector<size_t> limit, used;
-  std::map<const char*, std::pair<int, size_t>> allocations;  // start -> (device, bytes)
+  std::map<const char*, Allocation> allocations;  // device address -> allocation
   std::unordered_set<const void*> pinned;
-  std::vector<int64_t> next_stream;
-  bool initialized = false;  // a device was used (memory allocated) in this process
-  bool bad_fork = false;
+  std::atomic<bool> initialized{false};  // a device was used in this process
+  std::atomic<bool> bad_fork{false};
+  size_t page = 4096;
 
-  State() {
+  MemoryState() {
     if (const char* env = std::getenv("{{ cookiecutter.DEVICE }}_DEVICE_COUNT")) {
       int n = std::atoi(env);
       if (n >= 0 && n <= 64) count = n;
@@ -61,24 +72,19 @@ struct State {
     size_t lim = parse_bytes(std::getenv("{{ cookiecutter.DEVICE }}_MEMORY_LIMIT"), kDefaultLimit);
     limit.assign(count, lim);
     used.assign(count, 0);
-    next_stream.assign(count, 1);
+    long p = sysconf(_SC_PAGESIZE);
+    if (p > 0) page = static_cast<size_t>(p);
   }
 };
 
-State& state();
-
-// Like a real device context, the emulated one does not survive fork(): a child forked after the
-// parent used a device gets Status::forked (PyTorch users know this from CUDA: use 'spawn').
-void on_fork_child() {
-  State& s = state();
-  new (&s.mu) std::mutex();  // the parent's lock state is meaningless in the child
-  if (s.initialized) s.bad_fork = true;
-}
-
-State& state() {
-  static State* s = [] {
-    auto* st = new State();  // never destroyed: safe to use from static destructors
-    pthread_atfork(nullptr, nullptr, &on_fork_child);
+MemoryState& memory() {
+  static MemoryState* s = [] {
+    auto* st = new MemoryState();  // never destroyed: safe to use from static destructors
+    // The child of a fork() must not wait on a lock some parent thread held at the fork.
+    pthread_atfork(nullptr, nullptr, [] {
+      new (&memory().mu) std::mutex();
+      mark_forked();  // INTERIM: moves to the runtime's fork handler
+    });
     return st;
   }();
   return *s;
@@ -86,7 +92,34 @@ State& state() {
 
 thread_local int current_device = 0;
 
-bool valid(int device) { return device >= 0 && device < state().count; }
+bool valid(int device) { return device >= 0 && device < memory().count; }
+
+// The allocation containing `p` (any address inside it); call with mu held.
+const std::pair<const char* const, Allocation>* find(const void* ptr) {
+  MemoryState& s = memory();
+  const char* p = static_cast<const char*>(ptr);
+  auto it = s.allocations.upper_bound(p);
+  if (it == s.allocations.begin()) return nullptr;
+  --it;
+  return p < it->first + it->second.mapped ? &*it : nullptr;
+}
+
+// Two mappings of one memory file: `device` with no access, `host` read-write.
+bool map_twice(size_t length, char** device, char** host) {
+  int fd = memfd_create("{{ cookiecutter.device }}-device-memory", MFD_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ftruncate(fd, static_cast<off_t>(length)) == 0;
+  void* d = ok ? mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  void* h = d != MAP_FAILED ? mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);  // the mappings keep the file
+  if (h == MAP_FAILED) {
+    if (d != MAP_FAILED) munmap(d, length);
+    return false;
+  }
+  *device = static_cast<char*>(d);
+  *host = static_cast<char*>(h);
+  return true;
+}
 
 }  // namespace
 
@@ -99,11 +132,21 @@ const char* status_string(Status s) {
     case Status::not_ready: return "not ready";
     case Status::forked:
       return "the device was initialised before fork(); use the 'spawn' multiprocessing start method";
+    case Status::launch_failed: return last_launch_error();
   }
   return "unknown status";
 }
 
-int device_count() { return state().count; }
+int device_count() { return memory().count; }
+
+Status init() {
+  MemoryState& s = memory();
+  if (s.bad_fork) return Status::forked;
+  s.initialized = true;
+  return Status::ok;
+}
+
+bool is_initialized() { return memory().initialized; }
 
 Status get_device(int* device) {
   *device = current_device;
@@ -116,53 +159,88 @@ Status set_device(int device) {
   return Status::ok;
 }
 
-Status device_synchronize(int device) { return valid(device) ? Status::ok : Status::invalid_device; }
+bool in_bad_fork() { return memory().bad_fork; }
 
-bool in_bad_fork() { return state().bad_fork; }
+void mark_forked() {
+  MemoryState& s = memory();
+  if (s.initialized) s.bad_fork = true;
+}
+
+Status get_device_properties(int device, DeviceProperties* props) {
+  if (!valid(device)) return Status::invalid_device;
+  MemoryState& s = memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  props->name = "{{ cookiecutter.device }} emulated device";
+  props->major = 1;
+  props->minor = 0;
+  props->total_memory = s.limit[device];
+  props->multi_processor_count = 1;  // one worker thread runs the device's queued work
+  return Status::ok;
+}
 
 Status malloc(int device, void** ptr, size_t bytes) {
   *ptr = nullptr;
   if (!valid(device)) return Status::invalid_device;
-  State& s = state();
+  MemoryState& s = memory();
   if (s.bad_fork) return Status::forked;
   if (bytes == 0) return Status::ok;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.used[device] + bytes > s.limit[device]) return Status::out_of_memory;
+    s.used[device] += bytes;  // reserved before mapping, so two threads cannot both pass the check
+  }
+  const size_t length = (bytes + s.page - 1) / s.page * s.page;
+  char* dev = nullptr;
+  char* host = nullptr;
+  if (!map_twice(length, &dev, &host)) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.used[device] -= bytes;
+    return Status::out_of_memory;
+  }
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.used[device] + bytes > s.limit[device]) return Status::out_of_memory;
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  if (p == nullptr) return Status::out_of_memory;
   s.initialized = true;
-  s.used[device] += bytes;
-  s.allocations.emplace_hint(s.allocations.end(), static_cast<const char*>(p), std::make_pair(device, bytes));
-  *ptr = p;
+  s.allocations.emplace(dev, Allocation{device, bytes, length, host});
+  *ptr = dev;
   return Status::ok;
 }
 
 Status free(void* ptr, int* device, size_t* bytes) {
   if (ptr == nullptr) return Status::ok;
-  State& s = state();
+  MemoryState& s = memory();
+  Allocation a{};
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.allocations.find(static_cast<const char*>(ptr));
     if (it == s.allocations.end()) return Status::invalid_value;
-    if (device != nullptr) *device = it->second.first;
-    if (bytes != nullptr) *bytes = it->second.second;
-    s.used[it->second.first] -= it->second.second;
+    a = it->second;
+    s.used[a.device] -= a.bytes;
     s.allocations.erase(it);
   }
-  std::free(ptr);
+  if (device != nullptr) *device = a.device;
+  if (bytes != nullptr) *bytes = a.bytes;
+  munmap(ptr, a.mapped);
+  munmap(a.host, a.mapped);
   return Status::ok;
 }
 
-Status memcpy(void* dst, const void* src, size_t bytes, CopyKind, int, int64_t) {
-  if (bytes == 0) return Status::ok;
-  if (dst == nullptr || src == nullptr) return Status::invalid_value;
-  std::memmove(dst, src, bytes);
-  return Status::ok;
+void* host_address(const void* ptr) {
+  MemoryState& s = memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto* entry = find(ptr);
+  if (entry == nullptr) return nullptr;
+  return entry->second.host + (static_cast<const char*>(ptr) - entry->first);
+}
+
+int pointer_device(const void* ptr) {
+  MemoryState& s = memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto* entry = find(ptr);
+  return entry == nullptr ? -1 : entry->second.device;
 }
 
 Status mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
   if (!valid(device)) return Status::invalid_device;
-  State& s = state();
+  MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
   *total_bytes = s.limit[device];
   *free_bytes = s.limit[device] > s.used[device] ? s.limit[device] - s.used[device] : 0;
@@ -171,28 +249,18 @@ Status mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
 
 Status set_mem_limit(int device, size_t bytes) {
   if (!valid(device)) return Status::invalid_device;
-  State& s = state();
+  MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
   s.limit[device] = bytes;
   return Status::ok;
-}
-
-int pointer_device(const void* ptr) {
-  State& s = state();
-  const char* p = static_cast<const char*>(ptr);
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto it = s.allocations.upper_bound(p);
-  if (it == s.allocations.begin()) return -1;
-  --it;
-  return p < it->first + it->second.second ? it->second.first : -1;
 }
 
 Status host_malloc(void** ptr, size_t bytes) {
   *ptr = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
   if (bytes && *ptr == nullptr) return Status::out_of_memory;
   if (*ptr) {
-    std::lock_guard<std::mutex> lock(state().mu);
-    state().pinned.insert(*ptr);
+    std::lock_guard<std::mutex> lock(memory().mu);
+    memory().pinned.insert(*ptr);
   }
   return Status::ok;
 }
@@ -200,101 +268,16 @@ Status host_malloc(void** ptr, size_t bytes) {
 Status host_free(void* ptr) {
   if (ptr == nullptr) return Status::ok;
   {
-    std::lock_guard<std::mutex> lock(state().mu);
-    if (state().pinned.erase(ptr) == 0) return Status::invalid_value;
+    std::lock_guard<std::mutex> lock(memory().mu);
+    if (memory().pinned.erase(ptr) == 0) return Status::invalid_value;
   }
   std::free(ptr);
   return Status::ok;
 }
 
 bool is_host_pinned(const void* ptr) {
-  std::lock_guard<std::mutex> lock(state().mu);
-  return state().pinned.count(ptr) != 0;
-}
-
-Status stream_create(int device, int, int64_t* stream) {
-  if (!valid(device)) return Status::invalid_device;
-  std::lock_guard<std::mutex> lock(state().mu);
-  *stream = state().next_stream[device]++;
-  return Status::ok;
-}
-
-// Work runs synchronously on the calling thread, so every stream is always idle.
-Status stream_synchronize(int device, int64_t) { return valid(device) ? Status::ok : Status::invalid_device; }
-Status stream_query(int device, int64_t) { return valid(device) ? Status::ok : Status::invalid_device; }
-Status stream_wait_event(int device, int64_t, void*) { return valid(device) ? Status::ok : Status::invalid_device; }
-
-Status event_create(void** event, bool timing) {
-  auto* e = new (std::nothrow) Event();
-  if (e == nullptr) return Status::out_of_memory;
-  e->timing = timing;
-  *event = e;
-  return Status::ok;
-}
-
-Status event_destroy(void* event) {
-  delete static_cast<Event*>(event);
-  return Status::ok;
-}
-
-Status event_record(void* event, int device, int64_t) {
-  if (!valid(device)) return Status::invalid_device;
-  auto* e = static_cast<Event*>(event);
-  e->recorded = true;
-  e->when = std::chrono::steady_clock::now();
-  return Status::ok;
-}
-
-Status event_query(void*) { return Status::ok; }
-Status event_synchronize(void*) { return Status::ok; }
-
-Status event_elapsed_ms(float* ms, void* start, void* end) {
-  auto* a = static_cast<Event*>(start);
-  auto* b = static_cast<Event*>(end);
-  if (!a->timing || !b->timing || !a->recorded || !b->recorded) return Status::invalid_value;
-  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
-  return Status::ok;
-}
-
-// --- interim synchronous versions of the asynchronous API (replaced by the stream workers) ---
-Status init() { return Status::ok; }
-bool is_initialized() { return state().initialized; }
-void mark_forked() { state().bad_fork = true; }
-Status get_device_properties(int device, DeviceProperties* props) {
-  if (!valid(device)) return Status::invalid_device;
-  props->name = "{{ cookiecutter.device }} (emulated)";
-  props->major = 1;
-  props->minor = 0;
-  props->total_memory = state().limit[device];
-  props->multi_processor_count = 1;
-  return Status::ok;
-}
-Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
-  return memcpy(dst, src, bytes, kind, device, stream);
-}
-void* host_address(const void* ptr) { return pointer_device(ptr) >= 0 ? const_cast<void*>(ptr) : nullptr; }
-Status stream_priority_range(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -1;
-  return Status::ok;
-}
-Status launch(int device, int64_t, const char*, std::function<void()> work) {
-  if (!valid(device)) return Status::invalid_device;
-  work();
-  return Status::ok;
-}
-Status run_blocking(int device, int64_t, const char*, const std::function<void()>& work) {
-  if (!valid(device)) return Status::invalid_device;
-  work();
-  return Status::ok;
-}
-Status sleep(int device, int64_t, int64_t) { return valid(device) ? Status::ok : Status::invalid_device; }
-void set_tracing(bool) {}
-std::vector<Activity> take_activities() { return {}; }
-void set_correlation(uint64_t) {}
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  std::lock_guard<std::mutex> lock(memory().mu);
+  return memory().pinned.count(ptr) != 0;
 }
 
 }  // namespace {{ cookiecutter.device }}::driver

@@ -30,9 +30,11 @@ enum class Status : int {
   invalid_device,
   invalid_value,
   not_ready,
-  forked,  // the device was initialised before fork(); the child cannot use it
+  forked,         // the device was initialised before fork(); the child cannot use it
+  launch_failed,  // queued work failed; reported by the next call that waits for the stream
 };
 const char* status_string(Status s);
+const char* last_launch_error();  // what the failed work reported
 
 enum class CopyKind : int { host_to_device, device_to_host, device_to_device, host_to_host };
 
@@ -89,6 +91,11 @@ Status stream_wait_event(int device, int64_t stream, void* event);
 // output sizes depend on their inputs, and the emulator's kernels that return new tensors).
 Status launch(int device, int64_t stream, const char* name, std::function<void()> work);
 Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work);
+// run_blocking in two halves, for a kernel body that runs between them: enter waits for the
+// stream's queued work and holds the stream (work launched meanwhile queues behind); leave lets
+// it go. Re-entrant on one thread. Every enter must be matched by a leave.
+Status enter_stream(int device, int64_t stream);
+void leave_stream(int device, int64_t stream, const char* name = nullptr);
 // Test aid, like torch.cuda._sleep: queues work that keeps the stream busy for `microseconds`.
 Status sleep(int device, int64_t stream, int64_t microseconds);
 

@@ -88,6 +88,17 @@ PyObject* synchronize(PyObject*, PyObject* arg) {
   });
 }
 
+// Test aid (like torch.cuda._sleep): keeps the current stream of the current device busy.
+PyObject* sleep(PyObject*, PyObject* arg) {
+  const long long us = PyLong_AsLongLong(arg);
+  if (us == -1 && PyErr_Occurred()) return nullptr;
+  return guarded([&] {
+    const c10::DeviceIndex index = dev::runtime::current_device();
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::sleep(index, dev::runtime::current_stream_id(index), us));
+    Py_RETURN_NONE;
+  });
+}
+
 PyObject* is_in_bad_fork(PyObject*, PyObject*) {
   return PyBool_FromLong(dev::driver::in_bad_fork());
 }
@@ -164,6 +175,7 @@ PyMethodDef kMethods[] = {
     {"set_device", set_device, METH_O, "Make a device current."},
     {"exchange_device", exchange_device, METH_O, "Make a device current (negative: none); return the previous."},
     {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
+    {"sleep", sleep, METH_O, "Keep the current stream busy for a number of microseconds (test aid)."},
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},

@@ -6,6 +6,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include "driver/driver.h"
@@ -25,6 +26,13 @@ c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
 // Throws a clear error (not a crash) for an index that is not a device of this machine.
 void check_device(c10::DeviceIndex index);
+
+// The id of the calling thread's current stream on `device` (what driver calls take as `stream`).
+inline int64_t current_stream_id(c10::DeviceIndex device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+      ->getStream(c10::Device(c10::DeviceType::PrivateUse1, device))
+      .id();
+}
 
 c10::Allocator* device_allocator();
 c10::Allocator* host_allocator();

@@ -1,0 +1,509 @@
+// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing.
+//
+// Each device has one worker thread, its "hardware". Work launched on a stream (kernels, copies,
+// event records, waits on events, sleeps) joins the stream's queue and returns at once; the worker
+// runs every stream's queue in order, picking among streams with runnable work by priority. A
+// stream whose head is a wait on an incomplete event, or a sleep, lets the other streams run. So,
+// as on a real accelerator, an event may not be complete when queried, one stream does not see
+// another's writes without a wait, and the host sees the device's writes only after a
+// synchronize. Work that must finish before the host goes on (blocking copies, kernels whose
+// outputs the host needs) runs on the calling thread once the stream has drained
+// (enter_stream/leave_stream, run_blocking) — still the stream's next item, so ordering holds.
+//
+// What a hardware team replaces: this whole file, with the SDK's streams, events and launches; the
+// activity records come from its tracing API (CUPTI-like).
+#include "driver/driver.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <pthread.h>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace {{ cookiecutter.device }}::driver {
+namespace streams_impl {
+
+using Clock = std::chrono::steady_clock;
+
+// One record of an event on a stream: done when the stream reaches it.
+struct Record {
+  bool done = false;
+  Clock::time_point when{};
+};
+
+struct Event {
+  bool timing = false;
+  std::shared_ptr<Record> last;  // the most recent record (waits and queries refer to it)
+};
+
+struct Item {
+  enum Kind { work, record, wait, sleep } kind = work;
+  Activity::Kind activity = Activity::kernel;
+  const char* name = "";
+  std::function<void()> fn;
+  std::shared_ptr<Record> rec;
+  int64_t us = 0;
+  uint64_t correlation = 0;
+};
+
+struct Stream {
+  int device = 0;
+  int64_t id = 0;
+  int priority = 0;
+  std::deque<Item> queue;
+  bool running = false;  // the worker is running the head item
+  int held = 0;          // enter_stream depth of the holding thread
+  std::thread::id holder;
+  int64_t held_since_ns = 0;
+  bool sleeping = false;
+  Clock::time_point wake{};
+  int64_t sleep_start_ns = 0;
+
+  bool idle() const { return queue.empty() && !running && held == 0; }
+  bool held_by_me() const { return held > 0 && holder == std::this_thread::get_id(); }
+};
+
+struct Device {
+  std::vector<Stream*> order;  // by priority (lower value first), then creation
+  std::unordered_map<int64_t, Stream*> by_id;
+  int64_t next_id = 1;
+  bool worker = false;
+};
+
+struct State {
+  std::mutex mu;  // everything below, for every device
+  std::condition_variable cv;  // any stream, event or worker changed
+  std::vector<Device> devices;
+  bool failed = false;
+  std::string error;
+  std::atomic<bool> tracing{false};
+  std::vector<Activity> activities;
+
+  State() : devices(static_cast<size_t>(std::max(device_count(), 0))) {}
+};
+
+State& state() {
+  static State* s = [] {
+    auto* st = new State();  // never destroyed: workers and static destructors may still use it
+    pthread_atfork(nullptr, nullptr, [] {
+      new (&state().mu) std::mutex();  // the child has no workers; the parent's locks mean nothing
+      new (&state().cv) std::condition_variable();
+    });
+    return st;
+  }();
+  return *s;
+}
+
+thread_local uint64_t correlation_id = 0;
+
+bool valid_device(int device) { return device >= 0 && device < device_count(); }
+
+// The stream (device, id); ids the driver did not create (0, the default) are made on first use.
+Stream* find_stream(State& s, int device, int64_t id) {
+  Device& d = s.devices[device];
+  auto it = d.by_id.find(id);
+  if (it != d.by_id.end()) return it->second;
+  auto* st = new Stream();
+  st->device = device;
+  st->id = id;
+  d.by_id.emplace(id, st);
+  d.order.push_back(st);  // priority 0: after the high-priority streams, in creation order
+  return st;
+}
+
+void trace(State& s, Activity::Kind kind, const char* name, int device, int64_t stream, int64_t start, int64_t end,
+           uint64_t correlation) {  // mu held
+  Activity a;
+  a.kind = kind;
+  a.name = name != nullptr ? name : "";
+  a.device = device;
+  a.stream = stream;
+  a.start_ns = start;
+  a.end_ns = end;
+  a.correlation = correlation;
+  s.activities.push_back(std::move(a));
+}
+
+void fail(State& s, const char* name, const char* what) {  // mu held
+  if (s.failed) return;  // the first failure is the one to report
+  s.failed = true;
+  s.error = std::string("work queued on the device failed (") + (name ? name : "?") + "): " + what;
+}
+
+// The device's "hardware": runs queued work of all its streams until the process ends.
+void worker(int device) {
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Device& d = s.devices[device];
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    Clock::time_point wake = Clock::time_point::max();
+    Stream* pick = nullptr;
+    bool progressed = false;
+    for (Stream* st : d.order) {
+      if (st->running || st->held > 0 || st->queue.empty()) continue;
+      Item& head = st->queue.front();
+      switch (head.kind) {
+        case Item::record:
+          head.rec->when = now;
+          head.rec->done = true;
+          st->queue.pop_front();
+          progressed = true;
+          break;
+        case Item::wait:
+          if (head.rec->done) {
+            st->queue.pop_front();
+            progressed = true;
+          }
+          break;
+        case Item::sleep:
+          if (!st->sleeping) {
+            st->sleeping = true;
+            st->wake = now + std::chrono::microseconds(head.us);
+            st->sleep_start_ns = now_ns();
+          }
+          if (now >= st->wake) {
+            if (s.tracing) trace(s, Activity::sleep, "sleep", device, st->id, st->sleep_start_ns, now_ns(), head.correlation);
+            st->sleeping = false;
+            st->queue.pop_front();
+            progressed = true;
+          } else {
+            wake = std::min(wake, st->wake);
+          }
+          break;
+        case Item::work:
+          if (pick == nullptr) pick = st;
+          break;
+      }
+    }
+    if (progressed) {
+      s.cv.notify_all();
+      continue;
+    }
+    if (pick != nullptr) {
+      Item item = std::move(pick->queue.front());
+      pick->queue.pop_front();
+      pick->running = true;
+      const bool tracing = s.tracing;
+      lock.unlock();
+      const int64_t start = tracing ? now_ns() : 0;
+      const char* error = nullptr;
+      std::string what;
+      try {
+        item.fn();
+      } catch (const std::exception& e) {
+        what = e.what();
+        error = what.c_str();
+      } catch (...) {
+        error = "unknown exception";
+      }
+      const int64_t end = tracing ? now_ns() : 0;
+      item.fn = nullptr;  // destroy what the work captured before taking the lock
+      lock.lock();
+      if (tracing) trace(s, item.activity, item.name, device, pick->id, start, end, item.correlation);
+      if (error != nullptr) fail(s, item.name, error);
+      pick->running = false;
+      s.cv.notify_all();
+      continue;
+    }
+    if (wake == Clock::time_point::max()) {
+      s.cv.wait(lock);
+    } else {
+      s.cv.wait_until(lock, wake);
+    }
+  }
+}
+
+Status enqueue(int device, int64_t stream, Item item) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  Status started = init();
+  if (started != Status::ok) return started;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (item.kind == Item::work && st->held_by_me()) {
+    // Launched from inside the stream's own current item: it is the next thing the stream runs.
+    lock.unlock();
+    item.fn();
+    return Status::ok;
+  }
+  item.correlation = correlation_id;
+  st->queue.push_back(std::move(item));
+  Device& d = s.devices[device];
+  if (!d.worker) {
+    std::thread(worker, device).detach();
+    d.worker = true;
+  }
+  s.cv.notify_all();
+  return Status::ok;
+}
+
+// Reports (once) a failure of earlier queued work; mu held.
+Status take_failure(State& s) {
+  if (!s.failed) return Status::ok;
+  s.failed = false;
+  return Status::launch_failed;
+}
+
+}  // namespace streams_impl
+
+using namespace streams_impl;
+
+const char* last_launch_error() { return state().error.c_str(); }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+Status stream_create(int device, int priority, int64_t* stream) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  int least = 0, greatest = 0;
+  stream_priority_range(&least, &greatest);
+  priority = std::min(std::max(priority, greatest), least);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Device& d = s.devices[device];
+  int64_t id = d.next_id++;
+  while (d.by_id.count(id)) id = d.next_id++;
+  auto* st = new Stream();  // streams live as long as the process, like a pool of hardware queues
+  st->device = device;
+  st->id = id;
+  st->priority = priority;
+  d.by_id.emplace(id, st);
+  auto pos = std::upper_bound(d.order.begin(), d.order.end(), priority,
+                              [](int p, const Stream* other) { return p < other->priority; });
+  d.order.insert(pos, st);
+  *stream = id;
+  return Status::ok;
+}
+
+Status stream_priority_range(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -1;
+  return Status::ok;
+}
+
+Status stream_synchronize(int device, int64_t stream) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (!st->held_by_me()) s.cv.wait(lock, [&] { return st->idle(); });
+  return take_failure(s);
+}
+
+Status device_synchronize(int device) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Device& d = s.devices[device];
+  s.cv.wait(lock, [&] {
+    return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
+  });
+  return take_failure(s);
+}
+
+Status stream_query(int device, int64_t stream) {
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return find_stream(s, device, stream)->idle() ? Status::ok : Status::not_ready;
+}
+
+Status stream_wait_event(int device, int64_t stream, void* event) {
+  if (!valid_device(device)) return Status::invalid_device;
+  std::shared_ptr<Record> rec;
+  {
+    std::lock_guard<std::mutex> lock(state().mu);
+    rec = static_cast<Event*>(event)->last;
+    if (rec == nullptr || rec->done) return Status::ok;  // nothing to wait for
+  }
+  Item item;
+  item.kind = Item::wait;
+  item.rec = std::move(rec);
+  return enqueue(device, stream, std::move(item));
+}
+
+Status launch(int device, int64_t stream, const char* name, std::function<void()> work) {
+  Item item;
+  item.name = name;
+  item.fn = std::move(work);
+  return enqueue(device, stream, std::move(item));
+}
+
+Status enter_stream(int device, int64_t stream) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (st->held_by_me()) {
+    ++st->held;
+    return Status::ok;
+  }
+  s.cv.wait(lock, [&] { return st->idle(); });
+  Status failure = take_failure(s);
+  if (failure != Status::ok) return failure;
+  st->held = 1;
+  st->holder = std::this_thread::get_id();
+  if (s.tracing) st->held_since_ns = now_ns();
+  return Status::ok;
+}
+
+void leave_stream(int device, int64_t stream, const char* name) {
+  if (!valid_device(device)) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (!st->held_by_me()) return;
+  if (--st->held > 0) return;
+  if (s.tracing && name != nullptr && st->held_since_ns != 0) {
+    trace(s, Activity::kernel, name, device, stream, st->held_since_ns, now_ns(), correlation_id);
+  }
+  st->held_since_ns = 0;
+  s.cv.notify_all();
+}
+
+Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work) {
+  Status entered = enter_stream(device, stream);
+  if (entered != Status::ok) return entered;
+  try {
+    work();
+  } catch (...) {
+    leave_stream(device, stream, name);
+    throw;
+  }
+  leave_stream(device, stream, name);
+  return Status::ok;
+}
+
+Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
+  if (bytes == 0) return Status::ok;
+  if (dst == nullptr || src == nullptr) return Status::invalid_value;
+  if (device < 0) get_device(&device);
+  void* d = host_address(dst);
+  const void* h = host_address(src);
+  if (kind == CopyKind::host_to_host) {  // no device involved: nothing to order against
+    std::memmove(dst, src, bytes);
+    return Status::ok;
+  }
+  return run_blocking(device, stream, nullptr, [&] {
+    const int64_t start = state().tracing ? now_ns() : 0;
+    std::memmove(d != nullptr ? d : dst, h != nullptr ? h : src, bytes);
+    if (start != 0) {
+      std::lock_guard<std::mutex> lock(state().mu);
+      trace(state(), Activity::memcpy, "memcpy", device, stream, start, now_ns(), correlation_id);
+    }
+  });
+}
+
+Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
+  if (bytes == 0) return Status::ok;
+  if (dst == nullptr || src == nullptr) return Status::invalid_value;
+  void* d = host_address(dst);
+  const void* h = host_address(src);
+  char* to = static_cast<char*>(d != nullptr ? d : dst);
+  const char* from = static_cast<const char*>(h != nullptr ? h : src);
+  Item item;
+  item.name = kind == CopyKind::host_to_device ? "memcpy host to device"
+              : kind == CopyKind::device_to_host ? "memcpy device to host"
+                                                   : "memcpy device to device";
+  item.activity = Activity::memcpy;
+  item.fn = [to, from, bytes] { std::memmove(to, from, bytes); };
+  return enqueue(device, stream, std::move(item));
+}
+
+Status sleep(int device, int64_t stream, int64_t microseconds) {
+  Item item;
+  item.kind = Item::sleep;
+  item.activity = Activity::sleep;
+  item.name = "sleep";
+  item.us = std::max<int64_t>(microseconds, 0);
+  return enqueue(device, stream, std::move(item));
+}
+
+Status event_create(void** event, bool timing) {
+  auto* e = new (std::nothrow) Event();
+  if (e == nullptr) return Status::out_of_memory;
+  e->timing = timing;
+  *event = e;
+  return Status::ok;
+}
+
+Status event_destroy(void* event) {
+  std::lock_guard<std::mutex> lock(state().mu);  // a queued record keeps its Record, not the Event
+  delete static_cast<Event*>(event);
+  return Status::ok;
+}
+
+Status event_record(void* event, int device, int64_t stream) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  auto rec = std::make_shared<Record>();
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    static_cast<Event*>(event)->last = rec;
+    Stream* st = find_stream(s, device, stream);
+    if (st->idle() || (st->held_by_me() && st->queue.empty())) {  // nothing queued before it
+      rec->when = Clock::now();
+      rec->done = true;
+      s.cv.notify_all();
+      return Status::ok;
+    }
+  }
+  Item item;
+  item.kind = Item::record;
+  item.rec = std::move(rec);
+  return enqueue(device, stream, std::move(item));
+}
+
+Status event_query(void* event) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  const auto& rec = static_cast<Event*>(event)->last;
+  return rec == nullptr || rec->done ? Status::ok : Status::not_ready;
+}
+
+Status event_synchronize(void* event) {
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  std::shared_ptr<Record> rec = static_cast<Event*>(event)->last;
+  if (rec != nullptr) s.cv.wait(lock, [&] { return rec->done; });
+  return take_failure(s);
+}
+
+Status event_elapsed_ms(float* ms, void* start, void* end) {
+  std::lock_guard<std::mutex> lock(state().mu);
+  auto* a = static_cast<Event*>(start);
+  auto* b = static_cast<Event*>(end);
+  if (!a->timing || !b->timing || a->last == nullptr || b->last == nullptr) return Status::invalid_value;
+  if (!a->last->done || !b->last->done) return Status::not_ready;
+  *ms = std::chrono::duration<float, std::milli>(b->last->when - a->last->when).count();
+  return Status::ok;
+}
+
+void set_tracing(bool on) { state().tracing = on; }
+
+std::vector<Activity> take_activities() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  std::vector<Activity> out;
+  out.swap(state().activities);
+  return out;
+}
+
+void set_correlation(uint64_t id) { correlation_id = id; }
+
+}  // namespace {{ cookiecutter.device }}::driver

@@ -1,0 +1,141 @@
+"""The device is asynchronous: what a missing synchronize, wait or record_stream does here.
+
+Each stream's work runs in order on the device's worker thread and launching returns at once, so
+these tests show the bugs a team would otherwise meet first on silicon: an event that is not yet
+complete, a stream reading another's output without waiting, a non_blocking copy read before a
+synchronize, memory reused while another stream still reads it, and host code touching device
+memory. `_sleep` keeps a stream busy long enough to make each outcome certain.
+"""
+
+import signal
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE, run_python
+
+BUSY_US = 300_000  # long enough that the host finishes its part while the stream still sleeps
+N = 4096
+
+
+@pytest.fixture(autouse=True)
+def drained(mod):
+    yield
+    mod.synchronize()
+
+
+def test_an_event_is_not_complete_until_its_stream_reaches_it(mod):
+    s = torch.Stream(device=DEVICE)
+    with mod.stream(s):
+        mod._sleep(BUSY_US)
+        e = s.record_event()
+    assert not e.query()
+    assert not s.query()
+    e.synchronize()
+    assert e.query() and s.query()
+
+
+def test_elapsed_time_measures_the_work_between_two_events(mod):
+    start = torch.Event(device=DEVICE, enable_timing=True)
+    end = torch.Event(device=DEVICE, enable_timing=True)
+    start.record()
+    mod._sleep(50_000)
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 45.0
+
+
+def test_a_stream_sees_another_streams_writes_only_after_waiting(mod):
+    src = torch.ones(N, device=DEVICE)
+    dst = torch.zeros(N, device=DEVICE)
+    side = torch.Stream(device=DEVICE)
+    with mod.stream(side):
+        mod._sleep(BUSY_US)
+        dst.copy_(src)  # queued behind the sleep
+    early = dst.clone()  # the current stream does not wait for `side`: it copies the zeros
+    torch.accelerator.current_stream().wait_stream(side)
+    late = dst.clone()  # ordered after side's copy
+    assert torch.equal(early.cpu(), torch.zeros(N))
+    assert torch.equal(late.cpu(), torch.ones(N))
+
+
+def test_waiting_on_an_event_orders_two_streams(mod):
+    a, b = torch.Stream(device=DEVICE), torch.Stream(device=DEVICE)
+    x = torch.zeros(N, device=DEVICE)
+    with mod.stream(a):
+        mod._sleep(BUSY_US)
+        x.copy_(torch.full((N,), 3.0, device=DEVICE))
+        done = a.record_event()
+    with mod.stream(b):
+        b.wait_event(done)
+        y = x * 2  # runs on b after a's copy
+    assert torch.equal(y.cpu(), torch.full((N,), 6.0))
+
+
+def test_a_non_blocking_copy_to_pinned_memory_needs_a_synchronize(mod):
+    d = torch.full((N,), 7.0, device=DEVICE)
+    host = torch.zeros(N).pin_memory()
+    mod._sleep(BUSY_US)
+    host.copy_(d, non_blocking=True)
+    assert torch.equal(host, torch.zeros(N))  # not yet: the copy waits behind the sleep
+    torch.accelerator.current_stream().synchronize()
+    assert torch.equal(host, torch.full((N,), 7.0))
+
+
+def test_a_blocking_copy_waits_for_the_stream(mod):
+    d = torch.zeros(N, device=DEVICE)
+    mod._sleep(BUSY_US)
+    d.copy_(torch.full((N,), 5.0, device=DEVICE))
+    assert torch.equal(d.cpu(), torch.full((N,), 5.0))  # .cpu() is ordered after the queued copy
+
+
+def _free_while_another_stream_reads(mod, record: bool) -> torch.Tensor:
+    """x is read by a copy queued on `side` (behind a sleep); x is freed meanwhile and a tensor
+    of the same size is allocated and written on the current stream. Returns what side read."""
+    side = torch.Stream(device=DEVICE)
+    x = torch.ones(N, device=DEVICE)
+    out = torch.empty(N, device=DEVICE)
+    side.wait_stream(torch.accelerator.current_stream())
+    with mod.stream(side):
+        mod._sleep(BUSY_US)
+        out.copy_(x)  # reads x later
+    if record:
+        x.record_stream(side)
+    del x
+    reused = torch.empty(N, device=DEVICE)  # x's block if nothing keeps it
+    reused.fill_(-1.0)
+    side.synchronize()
+    return out.cpu()
+
+
+def test_record_stream_keeps_memory_from_reuse_until_the_other_stream_is_done(mod):
+    assert torch.equal(_free_while_another_stream_reads(mod, record=True), torch.ones(N))
+
+
+def test_without_record_stream_the_memory_is_reused_while_another_stream_reads_it(mod):
+    # The bug record_stream exists for, caught here: the side stream reads the new owner's values.
+    assert torch.equal(_free_while_another_stream_reads(mod, record=False), torch.full((N,), -1.0))
+
+
+def test_the_caching_allocator_keeps_freed_memory_until_empty_cache(mod):
+    mod.empty_cache()
+    reserved = torch.accelerator.memory_stats(0)["reserved_bytes.all.current"]
+    x = torch.empty(8 << 20, dtype=torch.uint8, device=f"{DEVICE}:0")
+    ptr = x.data_ptr()
+    del x
+    stats = torch.accelerator.memory_stats(0)
+    assert stats["reserved_bytes.all.current"] >= reserved + (8 << 20)  # cached, not returned
+    assert torch.empty(8 << 20, dtype=torch.uint8, device=f"{DEVICE}:0").data_ptr() == ptr  # reused
+    mod.empty_cache()
+    assert torch.accelerator.memory_stats(0)["reserved_bytes.all.current"] == reserved
+
+
+def test_host_code_cannot_touch_device_memory_by_accident():
+    # Reading a device pointer on the host is a crash here, as on a real accelerator.
+    code = (
+        "import ctypes, torch, {{ cookiecutter.package }}\n"
+        "t = torch.ones(16, device='{{ cookiecutter.device }}')\n"
+        "print(ctypes.c_float.from_address(t.data_ptr()).value)\n"
+    )
+    out = run_python(code)
+    assert out.returncode == -signal.SIGSEGV, (out.returncode, out.stdout, out.stderr[-2000:])
