@@ -1,8 +1,10 @@
-// Host views of device memory for the collective backend ({{ cookiecutter.package }}/distributed.py).
+// Host views of device memory for the collective backend ({{ cookiecutter.package }}/distributed.py)
+// and for the kernels torch.compile writes ({{ cookiecutter.package }}/compiler/inductor.py).
 //
-// The emulated device's memory is host memory, so the emulated collective transport hands gloo
-// CPU tensors that alias the device tensors (no copy): gloo reads and writes device memory in
-// place. This file gives Python that alias as a custom operator,
+// The emulated device's memory is host memory behind the driver, so the emulated collective
+// transport hands gloo CPU tensors that alias the device tensors (no copy): gloo reads and writes
+// device memory in place; Inductor's C++ kernels run on such views too. A view waits for the
+// current stream first, so it sees the work queued before it. This file gives Python that alias as a custom operator,
 // torch.ops.{{ cookiecutter.package }}.host_view(t). Unlike the kernels' host_alias (kernel_support.h), the view
 // owns a reference to the device storage: a collective in flight keeps its memory alive even if
 // Python drops the device tensor (a temporary buffer, say) before the collective completes.

@@ -65,8 +65,10 @@ Scheduling = EmulatedScheduling
 
 class _OnThisDevice:
     """What PyTorch's Python wrapper writes differently for this device:
-    - a plain call for a kernel of the C++ generator, as for the CPU (the wrapper knows non-Triton
-      kernels only on CUDA, XPU, MPS and the CPU);
+    - a call for a kernel of the C++ generator, as for the CPU (the wrapper knows non-Triton
+      kernels only on CUDA, XPU, MPS and the CPU), but with host views of the device tensors: the
+      host cannot touch device memory (csrc/driver/driver.cpp), and the views wait for the
+      current stream first (csrc/distributed/host_memory.cpp);
     - buffers allocated on the device they belong to: the wrapper names only the device type for a
       device it does not know (the current device then decides), and enters device guards only for
       GPU types, so a graph on `{{ cookiecutter.device }}:1` would get its buffers on `{{ cookiecutter.device }}:0`.
@@ -86,9 +88,21 @@ class _OnThisDevice:
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if not triton and device.type == DEVICE:
-            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            self.writeline(_call_on_host(kernel_name, call_args))
             return None
         return super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+
+def _call_on_host(kernel_name: str, call_args) -> str:
+    """The wrapper's line that runs a C++ kernel on host views of its device tensor arguments."""
+    if not call_args:
+        return f"{kernel_name}()"
+    view = "torch.ops.{{ cookiecutter.package }}.host_view"
+    args = ", ".join(call_args)
+    return (
+        f"{kernel_name}(*[{view}(a) if isinstance(a, torch.Tensor) and a.device.type == '{DEVICE}' else a "
+        f"for a in ({args},)])"
+    )
 
 
 class PythonWrapperCodegen(_OnThisDevice, _PythonWrapper):
