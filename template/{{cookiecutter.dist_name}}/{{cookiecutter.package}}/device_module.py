@@ -100,8 +100,14 @@ def get_device_capability(device=None) -> str:
 
 
 def is_initialized() -> bool:
-    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
-    return not _C.is_in_bad_fork()
+    """Whether the device runtime was initialised in this process (the first tensor on the device,
+    or `init()`, does it) — False in a child forked after the parent initialised it."""
+    return _C.is_initialized() and not _C.is_in_bad_fork()
+
+
+def init() -> None:
+    """Initialise the device runtime now (PyTorch does it before the first tensor on the device)."""
+    _lazy_init()
 
 
 # --- streams and events (torch.Stream / torch.Event on this device; csrc/runtime/guard.cpp) ----
@@ -139,15 +145,20 @@ def _sleep(microseconds: int) -> None:
 
 
 def _is_in_bad_fork() -> bool:
+    """PyTorch's flag: this process was forked after the parent initialised the device."""
     return _C.is_in_bad_fork()
 
 
 def _lazy_init() -> None:
+    """PyTorch calls this before it creates a tensor on the device from Python: runs the runtime's
+    one-time initialisation (the hooks' init(), csrc/runtime/hooks.cpp) through torch's lazy
+    device initialisation, or refuses in a child forked after the parent initialised the device."""
     if _C.is_in_bad_fork():
         raise RuntimeError(
-            f"cannot use the {_DEVICE} device in a process forked after the parent used it; "
-            "use the 'spawn' multiprocessing start method"
+            f"Cannot re-initialize {_DEVICE} in forked subprocess. To use {_DEVICE} with "
+            "multiprocessing, you must use the 'spawn' start method"
         )
+    _C.lazy_init()
 
 
 # --- memory -----------------------------------------------------------------------------------

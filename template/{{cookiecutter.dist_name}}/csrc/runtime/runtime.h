@@ -24,6 +24,8 @@ namespace {{ cookiecutter.device }}::runtime {
 c10::DeviceIndex device_count();
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
+// Whether the hooks' init() has run in this process (torch's lazy device initialisation).
+bool is_initialized();
 // Throws a clear error (not a crash) for an index that is not a device of this machine.
 void check_device(c10::DeviceIndex index);
 
