@@ -124,6 +124,24 @@ PyObject* is_initialized(PyObject*, PyObject*) {
   return PyBool_FromLong(dev::runtime::is_initialized());
 }
 
+// The priority of a stream (device index, stream id); lower values run first.
+PyObject* stream_priority(PyObject*, PyObject* args) {
+  PyObject* device;
+  long long stream;
+  if (!PyArg_ParseTuple(args, "OL", &device, &stream)) return nullptr;
+  c10::DeviceIndex index;
+  if (!device_arg(device, &index)) return nullptr;
+  return guarded([&] { return PyLong_FromLong(dev::runtime::stream_priority(index, stream)); });
+}
+
+// (least, greatest) stream priority, as torch.cuda.Stream.priority_range() reports them.
+PyObject* stream_priority_range(PyObject*, PyObject*) {
+  return guarded([] {
+    const auto [least, greatest] = dev::runtime::stream_priority_range();
+    return Py_BuildValue("(ii)", least, greatest);
+  });
+}
+
 // The device's default torch.Generator (one Python object per device, shared with C++).
 PyObject* default_generator(PyObject*, PyObject* arg) {
   c10::DeviceIndex index;
@@ -200,6 +218,8 @@ PyMethodDef kMethods[] = {
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
     {"lazy_init", lazy_init, METH_NOARGS, "Initialise the device runtime (once per process)."},
     {"is_initialized", is_initialized, METH_NOARGS, "Whether the device runtime was initialised."},
+    {"stream_priority", stream_priority, METH_VARARGS, "The priority of a stream: (device, stream id)."},
+    {"stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
