@@ -8,6 +8,7 @@
 // more of its SDK to Python (add a function and a line in kMethods).
 #include <Python.h>
 #include <ATen/Context.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 
@@ -142,6 +143,22 @@ PyObject* stream_priority_range(PyObject*, PyObject*) {
   });
 }
 
+// Milliseconds between two recorded events. torch.Event.elapsed_time accepts only an exact
+// torch.Event as its argument; this takes torch.{{ cookiecutter.device }}.Event (a subclass) as well.
+PyObject* event_elapsed_time(PyObject*, PyObject* args) {
+  PyObject* start;
+  PyObject* end;
+  if (!PyArg_ParseTuple(args, "OO", &start, &end)) return nullptr;
+  if (!THPEvent_Check(start) || !THPEvent_Check(end)) {
+    PyErr_SetString(PyExc_TypeError, "elapsed_time expects two torch.Event objects");
+    return nullptr;
+  }
+  return guarded([&] {
+    const c10::Event& a = reinterpret_cast<THPEvent*>(start)->event;
+    return PyFloat_FromDouble(a.elapsedTime(reinterpret_cast<THPEvent*>(end)->event));
+  });
+}
+
 // The device's default torch.Generator (one Python object per device, shared with C++).
 PyObject* default_generator(PyObject*, PyObject* arg) {
   c10::DeviceIndex index;
@@ -220,6 +237,7 @@ PyMethodDef kMethods[] = {
     {"is_initialized", is_initialized, METH_NOARGS, "Whether the device runtime was initialised."},
     {"stream_priority", stream_priority, METH_VARARGS, "The priority of a stream: (device, stream id)."},
     {"stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
+    {"event_elapsed_time", event_elapsed_time, METH_VARARGS, "Milliseconds between two recorded events."},
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
