@@ -82,6 +82,26 @@ def test_a_non_blocking_copy_to_pinned_memory_needs_a_synchronize(mod):
     assert torch.equal(host, torch.full((N,), 7.0))
 
 
+def test_pinned_memory_a_queued_copy_reads_is_not_reused_before_the_copy_ran(mod):
+    # The pinned block is freed while a non_blocking copy still waits to read it; a new pinned
+    # tensor of the same size must get other memory (the host allocator's event gates reuse), or
+    # refilling it would change what the device receives.
+    src = torch.arange(N, dtype=torch.float32).pin_memory()
+    dst = torch.empty(N, device=DEVICE)
+    mod._sleep(BUSY_US)
+    dst.copy_(src, non_blocking=True)
+    del src
+    refill = torch.empty(N, dtype=torch.float32).pin_memory()
+    refill.fill_(-1.0)
+    mod.synchronize()
+    assert torch.equal(dst.cpu(), torch.arange(N, dtype=torch.float32))
+    # once the copy ran, the cached block is handed out again (and empty_host_cache releases it)
+    again = torch.empty(N, dtype=torch.float32).pin_memory()
+    assert again.is_pinned()
+    del refill, again
+    torch.accelerator.empty_host_cache()
+
+
 def test_a_blocking_copy_waits_for_the_stream(mod):
     d = torch.zeros(N, device=DEVICE)
     mod._sleep(BUSY_US)

@@ -68,3 +68,59 @@ def test_autoload_can_be_turned_off():
     out = run_python(f"import torch; print(hasattr(torch, '{DEVICE}'))", env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_lazy_initialisation():
+    # Nothing initialises the runtime before the first use; _lazy_init (what PyTorch calls before
+    # the first tensor on the device) runs the hooks' init() once, and is_initialized reflects it.
+    code = f"""
+import torch, {{ cookiecutter.package }}
+mod = getattr(torch, '{DEVICE}')
+print(mod.is_initialized())
+mod._lazy_init()
+print(mod.is_initialized())
+mod.init()
+print(mod.is_initialized())
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_first_tensor_initialises_the_device_and_a_fork_before_that_may_use_it():
+    code = f"""
+import os, torch, {{ cookiecutter.package }}
+mod = getattr(torch, '{DEVICE}')
+pid = os.fork()
+if pid == 0:  # forked before the parent used the device: fine
+    os._exit(0 if torch.ones(2, device='{DEVICE}').sum().item() == 2 and not mod._is_in_bad_fork() else 5)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+torch.ones(2, device='{DEVICE}')
+print(mod.is_initialized())
+pid = os.fork()
+if pid == 0:  # forked after: PyTorch's flag is set and the device refuses
+    ok = mod._is_in_bad_fork() and not mod.is_initialized()
+    try:
+        torch.zeros(2, device='{DEVICE}')
+    except RuntimeError as e:
+        os._exit(0 if ok and 'Cannot re-initialize' in str(e) else 6)
+    os._exit(7)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "True", "0"]
+
+
+@pytest.mark.skipif({{ cookiecutter.num_devices }} < 2, reason="needs two devices")
+def test_storage_resize_stays_on_the_storages_device(mod):
+    mod.set_device(0)
+    x = torch.arange(4.0, device=f"{DEVICE}:1")
+    storage = x.untyped_storage()
+    storage.resize_(64)
+    assert storage.device == torch.device(DEVICE, 1)
+    assert storage.nbytes() == 64
+    assert torch.equal(x.cpu(), torch.arange(4.0))
+    assert mod.current_device() == 0

@@ -1,5 +1,6 @@
 """torch.Stream, torch.Event and torch.accelerator on the device."""
 
+import pytest
 import torch
 
 from tests.conftest import DEVICE
@@ -36,3 +37,62 @@ def test_stream_wait_event():
     e.record(s1)
     s2.wait_event(e)
     s2.synchronize()
+
+
+POOL = 32  # streams per device and priority (csrc/runtime/guard.cpp)
+
+
+def test_streams_come_from_a_pool_per_priority(mod):
+    # A real device has few hardware queues: new streams cycle through a fixed pool, not one
+    # driver stream per request.
+    ids = [torch.Stream(device=DEVICE).stream_id for _ in range(2 * POOL)]
+    assert len(set(ids)) == POOL
+    assert ids[:POOL] == ids[POOL:]
+    high = [torch.Stream(device=DEVICE, priority=-1).stream_id for _ in range(POOL)]
+    assert not set(high) & set(ids)  # the high-priority pool is another pool
+
+
+def test_stream_priorities(mod):
+    least, greatest = mod.Stream.priority_range()
+    assert greatest < least
+    assert mod.Stream().priority == least
+    assert mod.Stream(priority=greatest).priority == greatest
+    assert mod.Stream(priority=greatest - 10).priority == greatest  # clamped, as on CUDA
+    high = torch.Stream(device=DEVICE, priority=-1)
+    assert mod.Stream(stream_id=high.stream_id, device_index=high.device_index,
+                      device_type=high.device_type).priority == max(greatest, -1)
+    assert mod.current_stream().priority == least  # the default stream
+
+
+def test_stream_and_event_classes_behave_like_cudas(mod):
+    s = mod.Stream(device=f"{DEVICE}:1" if mod.device_count() > 1 else DEVICE)
+    assert isinstance(s, torch.Stream) and s.device.type == DEVICE
+    t = mod.Stream()
+    assert t.device_index == mod.current_device()
+    start, end = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
+    assert isinstance(start, torch.Event)
+    with mod.stream(t):
+        assert mod.current_stream() == t
+        start.record()
+        mod._sleep(100_000)
+        end.record()
+    assert mod.current_stream() != t
+    assert not end.query() and not t.query()
+    u = mod.Stream()
+    u.wait_event(end)
+    done = u.record_event()
+    assert isinstance(done, mod.Event)
+    assert not done.query()  # u waits for t's sleep
+    done.synchronize()
+    assert end.query() and t.query() and u.query()
+    assert start.elapsed_time(end) >= 90.0
+    v = mod.Stream()
+    with mod.stream(t):
+        mod._sleep(50_000)
+    v.wait_stream(t)
+    e = mod.Event()
+    e.record(v)
+    assert not e.query()
+    v.synchronize()
+    assert e.query()
+    mod.default_stream().synchronize()

@@ -1,8 +1,9 @@
 """`torch.{{ cookiecutter.device }}`: the device module PyTorch looks up by the backend's name.
 
 Devices (is_available, device_count, current_device, set_device, the `device` context manager,
-synchronize, is_initialized, properties), streams and events (FSDP's `fully_shard` uses them),
-memory (statistics, capacity), the CPU fallback's counters, and — re-exported from their own
+synchronize, init/is_initialized/_lazy_init — PyTorch's lazy initialisation through the runtime's
+hooks — properties), streams and events (`Stream`, `Event`, current_stream, stream(); FSDP's
+`fully_shard` and DTensor use them), memory (statistics, reserved bytes, capacity), the CPU fallback's counters, and — re-exported from their own
 modules — random number generation and autocast support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
 compiler/inductor.py, imported on first use. What a hardware team replaces: the device properties
 (`get_device_properties`, from its SDK); the rest calls into the C++ runtime.
@@ -100,18 +101,85 @@ def get_device_capability(device=None) -> str:
 
 
 def is_initialized() -> bool:
-    """True: the runtime initialises when the library loads (torch.distributed's DeviceMesh asks)."""
-    return not _C.is_in_bad_fork()
+    """Whether the device runtime was initialised in this process (the first tensor on the device,
+    or `init()`, does it) — False in a child forked after the parent initialised it."""
+    return _C.is_initialized() and not _C.is_in_bad_fork()
+
+
+def init() -> None:
+    """Initialise the device runtime now (PyTorch does it before the first tensor on the device)."""
+    _lazy_init()
 
 
 # --- streams and events (torch.Stream / torch.Event on this device; csrc/runtime/guard.cpp) ----
 
-Stream = torch.Stream
-Event = torch.Event
+class Stream(torch.Stream):
+    """A stream of the {{ cookiecutter.device }} device, as torch.cuda.Stream is CUDA's.
+
+    `Stream(device=None, priority=0)` hands out a stream of the device's pool for that priority
+    (lower values run first; torch.{{ cookiecutter.device }}.Stream.priority_range() gives the range, clamped like
+    CUDA's). It is a torch.Stream, so torch.accelerator, `stream()` and FSDP accept it; it adds
+    `priority` and makes `record_event` return an `Event` of this module.
+    """
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:  # stream_id=, device_index=, device_type=: wraps an existing stream
+            return super().__new__(cls, priority=priority, **kwargs)
+        return super().__new__(cls, device=torch.device(_DEVICE, _index(device)), priority=priority)
+
+    def __init__(self, *args, **kwargs):  # everything happened in __new__
+        pass
+
+    @property
+    def priority(self) -> int:
+        return _C.stream_priority(self.device_index, self.stream_id)
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest) priority: the default, and the one that runs first."""
+        return tuple(_C.stream_priority_range())
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return f"<torch.{_DEVICE}.Stream device={_DEVICE}:{self.device_index} stream_id={self.stream_id} priority={self.priority}>"
 
 
-def current_stream(device=None) -> torch.Stream:
-    return torch.accelerator.current_stream(_index(device))
+class Event(torch.Event):
+    """An event of the {{ cookiecutter.device }} device, as torch.cuda.Event is CUDA's:
+    `Event(enable_timing=False)`; record(stream=None), wait(stream=None), query(), synchronize(),
+    elapsed_time(end) (milliseconds; both events need enable_timing=True)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(
+            cls, device=_DEVICE, enable_timing=enable_timing, blocking=blocking, interprocess=interprocess
+        )
+
+    def __init__(self, *args, **kwargs):  # everything happened in __new__
+        pass
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event to `end_event` (both recorded with enable_timing=True)."""
+        return _C.event_elapsed_time(self, end_event)
+
+    def __repr__(self) -> str:
+        return f"<torch.{_DEVICE}.Event device={self.device}>"
+
+
+def _wrap(stream: torch.Stream) -> Stream:
+    return Stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type)
+
+
+def current_stream(device=None) -> Stream:
+    return _wrap(torch.accelerator.current_stream(_index(device)))
+
+
+def default_stream(device=None) -> Stream:
+    current = torch.accelerator.current_stream(_index(device))
+    return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
 
 
 def set_stream(stream: torch.Stream) -> None:
@@ -139,15 +207,20 @@ def _sleep(microseconds: int) -> None:
 
 
 def _is_in_bad_fork() -> bool:
+    """PyTorch's flag: this process was forked after the parent initialised the device."""
     return _C.is_in_bad_fork()
 
 
 def _lazy_init() -> None:
+    """PyTorch calls this before it creates a tensor on the device from Python: runs the runtime's
+    one-time initialisation (the hooks' init(), csrc/runtime/hooks.cpp) through torch's lazy
+    device initialisation, or refuses in a child forked after the parent initialised the device."""
     if _C.is_in_bad_fork():
         raise RuntimeError(
-            f"cannot use the {_DEVICE} device in a process forked after the parent used it; "
-            "use the 'spawn' multiprocessing start method"
+            f"Cannot re-initialize {_DEVICE} in forked subprocess. To use {_DEVICE} with "
+            "multiprocessing, you must use the 'spawn' start method"
         )
+    _C.lazy_init()
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -158,6 +231,19 @@ def memory_allocated(device=None) -> int:
 
 def max_memory_allocated(device=None) -> int:
     return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the caching allocator holds from the driver (in use or cached)."""
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
 def memory_stats(device=None) -> dict:

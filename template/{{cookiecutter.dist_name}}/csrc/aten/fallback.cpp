@@ -30,6 +30,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -306,22 +307,44 @@ c10::IValue Staging::to_device(const c10::IValue& v) {
   return v;
 }
 
-// Lends device generators to the CPU kernel (see the top of this file).
+// Lends device generators to the CPU kernel (see the top of this file). Every device generator
+// involved — each generator argument and, for a seeded operator, the device's default one — stays
+// locked until the kernel's draws are written back; they are locked in one order (by address) so
+// two threads lending overlapping sets cannot deadlock, and a generator that appears twice (the
+// default generator passed explicitly) is locked once.
 class Generators {
  public:
   Generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
     const size_t n = op.schema().arguments().size();
+    const bool seeded = op.hasTag(at::Tag::nondeterministic_seeded);
+    std::vector<at::Generator> involved;
+    for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
+        involved.push_back(v.toGenerator());
+      }
+    }
+    if (involved.empty() && !seeded) return;
+    if (seeded) involved.push_back(runtime::default_generator(device.index()));
+    std::sort(involved.begin(), involved.end(), [](const at::Generator& a, const at::Generator& b) {
+      return a.unsafeGetGeneratorImpl() < b.unsafeGetGeneratorImpl();
+    });
+    for (size_t i = 0; i < involved.size(); ++i) {
+      if (i > 0 && involved[i].unsafeGetGeneratorImpl() == involved[i - 1].unsafeGetGeneratorImpl()) continue;
+      locks_.emplace_back(involved[i].mutex());
+    }
     for (size_t i = stack->size() - n; i < stack->size(); ++i) {
       c10::IValue& v = (*stack)[i];
       if (v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1) {
-        lent_.emplace_back(std::optional<at::Generator>(v.toGenerator()), device);
+        lent_.emplace_back(std::optional<at::Generator>(v.toGenerator()), device, /*caller_holds_lock=*/true);
         v = c10::IValue(*lent_.back().host());
       }
     }
-    if (op.hasTag(at::Tag::nondeterministic_seeded)) default_.emplace(device);
+    if (seeded) default_.emplace(device, /*caller_holds_lock=*/true);
   }
 
  private:
+  std::vector<std::unique_lock<std::mutex>> locks_;  // released last, after the states are written back
   std::deque<runtime::HostGeneratorScope> lent_;
   std::optional<runtime::DefaultGeneratorScope> default_;
 };

@@ -80,10 +80,14 @@ struct MemoryState {
 MemoryState& memory() {
   static MemoryState* s = [] {
     auto* st = new MemoryState();  // never destroyed: safe to use from static destructors
-    // The child of a fork() must not wait on a lock some parent thread held at the fork.
+    // The emulator's own fork safety: the child of a fork() must not wait on a lock some parent
+    // thread held at the fork, and the device worker threads do not exist in the child, so once
+    // the parent used a device, driver calls in the child return Status::forked. What Python sees
+    // (torch.<device>._is_in_bad_fork, the lazy-init error) is PyTorch's own fork handler, which
+    // the runtime's hooks register (runtime/hooks.cpp). An SDK has its own rules here.
     pthread_atfork(nullptr, nullptr, [] {
       new (&memory().mu) std::mutex();
-      mark_forked();  // INTERIM: moves to the runtime's fork handler
+      mark_forked();
     });
     return st;
   }();

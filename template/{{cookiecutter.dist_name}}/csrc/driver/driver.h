@@ -46,7 +46,7 @@ Status get_device(int* device);
 Status set_device(int device);
 Status device_synchronize(int device);  // waits for the work of every stream of the device
 bool in_bad_fork();                     // true in a child forked after the parent used a device
-void mark_forked();                     // called by the runtime's fork handler in the child
+void mark_forked();                     // called by the driver's own fork handler in the child
 
 struct DeviceProperties {
   std::string name;

@@ -7,7 +7,10 @@
 // which need no Python binding at all. What a hardware team replaces: nothing, unless it exposes
 // more of its SDK to Python (add a function and a line in kMethods).
 #include <Python.h>
+#include <ATen/Context.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 
 #include <exception>
 
@@ -79,11 +82,16 @@ PyObject* exchange_device(PyObject*, PyObject* arg) {
   });
 }
 
+// Waits without the GIL: other Python threads (and the work they queue) go on meanwhile.
 PyObject* synchronize(PyObject*, PyObject* arg) {
   c10::DeviceIndex index;
   if (!device_arg(arg, &index)) return nullptr;
+  dev::driver::Status status;
+  Py_BEGIN_ALLOW_THREADS
+  status = dev::driver::device_synchronize(index);
+  Py_END_ALLOW_THREADS
   return guarded([&] {
-    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::device_synchronize(index));
+    {{ cookiecutter.DEVICE }}_CHECK(status);
     Py_RETURN_NONE;
   });
 }
@@ -99,8 +107,56 @@ PyObject* sleep(PyObject*, PyObject* arg) {
   });
 }
 
+// PyTorch's flag, set in a child forked after the device was initialised (runtime/hooks.cpp
+// registers PyTorch's fork handler in init()).
 PyObject* is_in_bad_fork(PyObject*, PyObject*) {
-  return PyBool_FromLong(dev::driver::in_bad_fork());
+  return PyBool_FromLong(torch::utils::is_device_in_bad_fork(c10::DeviceType::PrivateUse1));
+}
+
+// torch's lazy device initialisation: runs the hooks' init() once per process.
+PyObject* lazy_init(PyObject*, PyObject*) {
+  return guarded([] {
+    at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* is_initialized(PyObject*, PyObject*) {
+  return PyBool_FromLong(dev::runtime::is_initialized());
+}
+
+// The priority of a stream (device index, stream id); lower values run first.
+PyObject* stream_priority(PyObject*, PyObject* args) {
+  PyObject* device;
+  long long stream;
+  if (!PyArg_ParseTuple(args, "OL", &device, &stream)) return nullptr;
+  c10::DeviceIndex index;
+  if (!device_arg(device, &index)) return nullptr;
+  return guarded([&] { return PyLong_FromLong(dev::runtime::stream_priority(index, stream)); });
+}
+
+// (least, greatest) stream priority, as torch.cuda.Stream.priority_range() reports them.
+PyObject* stream_priority_range(PyObject*, PyObject*) {
+  return guarded([] {
+    const auto [least, greatest] = dev::runtime::stream_priority_range();
+    return Py_BuildValue("(ii)", least, greatest);
+  });
+}
+
+// Milliseconds between two recorded events. torch.Event.elapsed_time accepts only an exact
+// torch.Event as its argument; this takes torch.{{ cookiecutter.device }}.Event (a subclass) as well.
+PyObject* event_elapsed_time(PyObject*, PyObject* args) {
+  PyObject* start;
+  PyObject* end;
+  if (!PyArg_ParseTuple(args, "OO", &start, &end)) return nullptr;
+  if (!THPEvent_Check(start) || !THPEvent_Check(end)) {
+    PyErr_SetString(PyExc_TypeError, "elapsed_time expects two torch.Event objects");
+    return nullptr;
+  }
+  return guarded([&] {
+    const c10::Event& a = reinterpret_cast<THPEvent*>(start)->event;
+    return PyFloat_FromDouble(a.elapsedTime(reinterpret_cast<THPEvent*>(end)->event));
+  });
 }
 
 // The device's default torch.Generator (one Python object per device, shared with C++).
@@ -177,6 +233,11 @@ PyMethodDef kMethods[] = {
     {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
     {"sleep", sleep, METH_O, "Keep the current stream busy for a number of microseconds (test aid)."},
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
+    {"lazy_init", lazy_init, METH_NOARGS, "Initialise the device runtime (once per process)."},
+    {"is_initialized", is_initialized, METH_NOARGS, "Whether the device runtime was initialised."},
+    {"stream_priority", stream_priority, METH_VARARGS, "The priority of a stream: (device, stream id)."},
+    {"stream_priority_range", stream_priority_range, METH_NOARGS, "(least, greatest) stream priority."},
+    {"event_elapsed_time", event_elapsed_time, METH_VARARGS, "Milliseconds between two recorded events."},
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},

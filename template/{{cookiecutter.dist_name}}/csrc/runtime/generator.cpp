@@ -54,22 +54,24 @@ at::Generator new_generator(c10::DeviceIndex index) {
 
 // The state moves through GeneratorImpl (a TensorImpl), not at::Generator (an at::Tensor): the runtime
 // files stay clear of ATen/core/Tensor.h (about a second more of compiling for the runtime unit).
-HostGeneratorScope::HostGeneratorScope(const std::optional<at::Generator>& gen, c10::Device device)
+// Lock order, everywhere: device generators (by address, when several), then the CPU's default one.
+HostGeneratorScope::HostGeneratorScope(const std::optional<at::Generator>& gen, c10::Device device,
+                                       bool caller_holds_lock)
     : device_(gen.has_value() && gen->defined() ? *gen : default_generator(device.index())),
+      lock_(caller_holds_lock ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(device_.mutex())),
       host_(at::make_generator<at::CPUGeneratorImpl>()) {
-  std::lock_guard<std::mutex> lock(device_.mutex());
   host_.unsafeGetGeneratorImpl()->set_state(*device_.unsafeGetGeneratorImpl()->get_state());
 }
 
 HostGeneratorScope::~HostGeneratorScope() {
-  std::lock_guard<std::mutex> lock(device_.mutex());
   device_.unsafeGetGeneratorImpl()->set_state(*host_.unsafeGetGeneratorImpl()->get_state());
-}
+}  // then lock_ lets the next draw in
 
-DefaultGeneratorScope::DefaultGeneratorScope(c10::Device device) : device_(default_generator(device.index())) {
+DefaultGeneratorScope::DefaultGeneratorScope(c10::Device device, bool caller_holds_lock)
+    : device_(default_generator(device.index())),
+      lock_(caller_holds_lock ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(device_.mutex())) {
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
-  std::lock_guard<std::mutex> device_lock(device_.mutex());
+  std::lock_guard<std::mutex> cpu_lock(cpu.mutex());  // not held during the draw: the CPU kernel takes it
   cpu_saved_ = cpu.clone();
   cpu.unsafeGetGeneratorImpl()->set_state(*device_.unsafeGetGeneratorImpl()->get_state());
 }
@@ -77,7 +79,6 @@ DefaultGeneratorScope::DefaultGeneratorScope(c10::Device device) : device_(defau
 DefaultGeneratorScope::~DefaultGeneratorScope() {
   at::Generator cpu = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> cpu_lock(cpu.mutex());
-  std::lock_guard<std::mutex> device_lock(device_.mutex());
   device_.unsafeGetGeneratorImpl()->set_state(*cpu.unsafeGetGeneratorImpl()->get_state());
   cpu.unsafeGetGeneratorImpl()->set_state(*cpu_saved_.unsafeGetGeneratorImpl()->get_state());
 }

@@ -2,11 +2,21 @@
 // and stream, and what torch.Stream, torch.Event and torch.accelerator.* run on.
 //
 // Implements c10::impl::DeviceGuardImplInterface on top of the driver and registers it for
-// PrivateUse1. The current stream is kept per thread and per device. What a hardware team
-// replaces: nothing here — the driver's stream and event calls become the SDK's.
+// PrivateUse1. The current stream is kept per thread and per device. Streams handed out
+// (torch.Stream(), getStreamFromGlobalPool for collectives and copies) come from a pool per device
+// and priority, as on CUDA: the first request creates kStreamsPerPool driver streams of that
+// priority, later requests cycle through them round-robin. A process never creates more than
+// that many streams per device and priority, however often it asks (hardware queues are few).
+// What a hardware team replaces: nothing here — the driver's stream and event calls become the SDK's.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/runtime.h"
@@ -42,6 +52,55 @@ std::vector<c10::StreamId>& current_streams() {
   return streams;
 }
 
+// ---- the stream pool --------------------------------------------------------------------------
+
+constexpr int kStreamsPerPool = 32;
+
+struct PriorityPool {
+  std::once_flag created;
+  std::array<int64_t, kStreamsPerPool> ids{};
+  std::atomic<uint32_t> next{0};
+};
+
+struct StreamPools {
+  int least = 0, greatest = 0;  // the driver's priority range (least is the default, 0)
+  std::vector<std::vector<PriorityPool>> pools;  // [device][least - priority]
+  std::mutex mu;
+  std::vector<std::unordered_map<int64_t, int>> priority_of;  // [device]: pool stream id -> priority
+
+  StreamPools() {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_priority_range(&least, &greatest));
+    const int n = driver::device_count();
+    pools = std::vector<std::vector<PriorityPool>>(n);
+    for (auto& per_device : pools) per_device = std::vector<PriorityPool>(least - greatest + 1);
+    priority_of.resize(n);
+  }
+};
+
+StreamPools& stream_pools() {
+  static StreamPools* p = new StreamPools();  // never destroyed: streams live as long as the process
+  return *p;
+}
+
+// A priority request mapped onto the driver's range (CUDA clamps the same way).
+int clamp_priority(int priority) {
+  const StreamPools& p = stream_pools();
+  return std::min(std::max(priority, p.greatest), p.least);
+}
+
+// The next stream of `device`'s pool of `priority` (created on first use).
+int64_t pool_stream(c10::DeviceIndex device, int priority) {
+  StreamPools& p = stream_pools();
+  priority = clamp_priority(priority);
+  PriorityPool& pool = p.pools[device][p.least - priority];
+  std::call_once(pool.created, [&] {
+    for (int64_t& id : pool.ids) {{ cookiecutter.DEVICE }}_CHECK(driver::stream_create(device, priority, &id));
+    std::lock_guard<std::mutex> lock(p.mu);
+    for (int64_t id : pool.ids) p.priority_of[device][id] = priority;
+  });
+  return pool.ids[pool.next.fetch_add(1, std::memory_order_relaxed) % kStreamsPerPool];
+}
+
 // torch.Stream(device="{{ cookiecutter.device }}") arrives without an index: that means the current device.
 c10::Device resolve(c10::Device d) {
   if (!d.has_index()) return c10::Device(kType, current_device());
@@ -72,12 +131,14 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     d = resolve(d);
     return c10::Stream(c10::Stream::DEFAULT, d);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getNewStream(d, 0); }
-  c10::Stream getNewStream(c10::Device d, int) const override {
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return getNewStream(d, high_priority ? stream_pools().greatest : stream_pools().least);
+  }
+  // torch.Stream(device=..., priority=p): a pool stream of priority p (lower runs first; clamped
+  // to the driver's range).
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
     d = resolve(d);
-    int64_t id = 0;
-    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_create(d.index(), 0, &id));
-    return c10::Stream(c10::Stream::UNSAFE, d, id);
+    return c10::Stream(c10::Stream::UNSAFE, d, pool_stream(d.index(), priority));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     c10::Stream old = getStream(s.device());
@@ -134,6 +195,18 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 };
 
 }  // namespace
+
+int stream_priority(c10::DeviceIndex device, int64_t stream) {
+  check_device(device);
+  StreamPools& p = stream_pools();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.priority_of[device].find(stream);
+  return it == p.priority_of[device].end() ? p.least : it->second;  // the default stream: the default priority
+}
+
+std::pair<int, int> stream_priority_range() {
+  return {stream_pools().least, stream_pools().greatest};
+}
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl)
 

@@ -9,6 +9,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <utility>
+
 #include "driver/driver.h"
 
 // Fail with a Python-visible error naming the driver call and its status.
@@ -24,6 +26,8 @@ namespace {{ cookiecutter.device }}::runtime {
 c10::DeviceIndex device_count();
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
+// Whether the hooks' init() has run in this process (torch's lazy device initialisation).
+bool is_initialized();
 // Throws a clear error (not a crash) for an index that is not a device of this machine.
 void check_device(c10::DeviceIndex index);
 
@@ -33,6 +37,11 @@ inline int64_t current_stream_id(c10::DeviceIndex device) {
       ->getStream(c10::Device(c10::DeviceType::PrivateUse1, device))
       .id();
 }
+
+// The priority of a stream handed out by the guard's stream pools (the default stream: 0), and
+// the range of priorities, (least, greatest) — lower values run first, as on CUDA.
+int stream_priority(c10::DeviceIndex device, int64_t stream);
+std::pair<int, int> stream_priority_range();
 
 c10::Allocator* device_allocator();
 c10::Allocator* host_allocator();
