@@ -5,14 +5,14 @@ synchronize, init/is_initialized/_lazy_init — PyTorch's lazy initialisation th
 hooks — properties), streams and events (`Stream`, `Event`, current_stream, stream(); FSDP's
 `fully_shard` and DTensor use them), memory (statistics, reserved bytes, capacity), the CPU fallback's counters, and — re-exported from their own
 modules — random number generation and autocast support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
-compiler/inductor.py, imported on first use. What a hardware team replaces: the device properties
-(`get_device_properties`, from its SDK); the rest calls into the C++ runtime.
+compiler/inductor.py, imported on first use. What a hardware team replaces: nothing — everything
+here calls into the C++ runtime, and the device properties come from the driver
+(driver::get_device_properties).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 
 import torch
@@ -73,21 +73,18 @@ def synchronize(device=None) -> None:
 
 @dataclass(frozen=True)
 class DeviceProperties:
-    """What `torch.{{ cookiecutter.device }}.get_device_properties()` reports (Inductor reads multi_processor_count)."""
+    """What `torch.{{ cookiecutter.device }}.get_device_properties()` reports: the driver's
+    get_device_properties (Inductor reads multi_processor_count)."""
 
     name: str
+    major: int
+    minor: int
     total_memory: int
     multi_processor_count: int
 
 
 def get_device_properties(device=None) -> DeviceProperties:
-    index = _index(device)
-    # The emulated device computes on the host: its parallelism is the host's cores.
-    return DeviceProperties(
-        name=f"{_DEVICE} (emulated on host memory)",
-        total_memory=_C.mem_info(index)[1],
-        multi_processor_count=os.cpu_count() or 1,
-    )
+    return DeviceProperties(*_C.device_properties(_index(device)))
 
 
 def get_device_name(device=None) -> str:

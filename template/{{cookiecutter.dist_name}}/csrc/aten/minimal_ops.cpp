@@ -7,13 +7,12 @@
 // What a hardware team replaces: the two copy kernels (use driver::memcpy with the right CopyKind
 // instead of host aliases). Creation, views and resize only manage metadata and the allocator.
 #include <ATen/EmptyTensor.h>
-#include <ATen/core/CachingHostAllocator.h>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/as_strided_ops.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/resize_ops.h>
 #include <ATen/ops/view_ops.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -133,8 +132,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   }));
   if (pinned) {
     const c10::DataPtr& block = host_side.storage().data_ptr();
-    at::getHostAllocator(c10::DeviceType::PrivateUse1)
-        ->record_event(block.get(), block.get_context(), c10::Stream(c10::Stream::UNSAFE, device, stream));
+    runtime::record_host_use(block, c10::Stream(c10::Stream::UNSAFE, device, stream));
   }
   return dst;
 }

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <new>
 #include <pthread.h>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -178,7 +180,8 @@ Status get_device_properties(int device, DeviceProperties* props) {
   props->major = 1;
   props->minor = 0;
   props->total_memory = s.limit[device];
-  props->multi_processor_count = 1;  // one worker thread runs the device's queued work
+  // kernels the emulator runs (the CPU's, Inductor's compiled C++) use the host's cores
+  props->multi_processor_count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return Status::ok;
 }
 

@@ -191,6 +191,18 @@ PyObject* mem_info(PyObject*, PyObject* arg) {
   });
 }
 
+// (name, major, minor, total memory, multiprocessors) of a device: the driver's properties.
+PyObject* device_properties(PyObject*, PyObject* arg) {
+  c10::DeviceIndex index;
+  if (!device_arg(arg, &index)) return nullptr;
+  return guarded([&] {
+    dev::driver::DeviceProperties p;
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::get_device_properties(index, &p));
+    return Py_BuildValue("(siiKi)", p.name.c_str(), p.major, p.minor, static_cast<unsigned long long>(p.total_memory),
+                         p.multi_processor_count);
+  });
+}
+
 // {operator name: (calls, seconds)} of the operators that ran through the CPU fallback.
 PyObject* fallback_stats(PyObject*, PyObject*) {
   return guarded([]() -> PyObject* {
@@ -241,6 +253,7 @@ PyMethodDef kMethods[] = {
     {"default_generator", default_generator, METH_O, "The default torch.Generator of a device."},
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
+    {"device_properties", device_properties, METH_O, "(name, major, minor, total_memory, multiprocessors) of a device."},
     {"fallback_stats", fallback_stats, METH_NOARGS, "Operators run through the CPU fallback: (calls, seconds)."},
     {"reset_fallback_counts", reset_fallback_counts, METH_NOARGS, "Zero the fallback counters."},
     {"set_fallback_warning", set_fallback_warning, METH_O, "Warn once per operator that falls back to the CPU."},

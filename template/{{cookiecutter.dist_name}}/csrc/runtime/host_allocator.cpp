@@ -108,6 +108,10 @@ void free_pinned(void* ctx) { pinned_allocator().free(ctx); }
 
 c10::Allocator* host_allocator() { return &pinned_allocator(); }
 
+void record_host_use(const c10::DataPtr& block, c10::Stream stream) {
+  pinned_allocator().record_event(block.get(), block.get_context(), stream);
+}
+
 REGISTER_HOST_ALLOCATOR(at::kPrivateUse1, &pinned_allocator())
 
 }  // namespace {{ cookiecutter.device }}::runtime

@@ -6,6 +6,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -45,5 +46,8 @@ std::pair<int, int> stream_priority_range();
 
 c10::Allocator* device_allocator();
 c10::Allocator* host_allocator();
+// Work queued on `stream` reads or writes the pinned block `block` (a host_allocator() DataPtr,
+// e.g. a non_blocking copy): the block is not handed out again until that work is done.
+void record_host_use(const c10::DataPtr& block, c10::Stream stream);
 
 }  // namespace {{ cookiecutter.device }}::runtime
