@@ -27,7 +27,8 @@ def both(cpu: torch.Tensor):
 def assert_view_of(view: torch.Tensor, base: torch.Tensor, cpu_view: torch.Tensor):
     """`view` is on `base`'s device memory, is its autograd view, and has `cpu_view`'s geometry."""
     assert view.device.type == DEVICE
-    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), "a copy, not a view"
+    on_base = view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert on_base, "a copy, not a view: the result is not on its input's memory"
     assert view._base is (base if base._base is None else base._base)
     assert (view.dtype, view.shape, view.stride(), view.storage_offset()) == (
         cpu_view.dtype, cpu_view.shape, cpu_view.stride(), cpu_view.storage_offset())
