@@ -184,3 +184,11 @@ def test_add_op_writes_native_view_kernels(project_copy):
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["[]", "True", "2", "True", "2"], ran.stdout
+
+    # a backend operator of its own with a view schema: its device kernel returns a view of the
+    # argument's device memory (its check compares with the host alias compute() ran on)
+    res = api.add_ops([f"{device}::flatview"], root, schema="(Tensor(a) x) -> Tensor(a)", body="x.view(-1)")
+    assert res.built and res.tested
+    log = build.run_tests(root, [f"tests/ops/test_{device}_flatview.py", "-vv"], name="custom-view-verbose")
+    assert re.search(rf"test_{device}_flatview\.py::test_result_is_a_view_of_its_argument PASSED", log.read_text()), \
+        log.read_text()[-3000:]
