@@ -80,9 +80,7 @@ bool view_copies_allowed() {
 // Whether a schema return aliases an argument without writing it: Tensor(a), Tensor(a)[].
 bool returns_view(const c10::Argument& ret) {
   const c10::AliasInfo* info = ret.alias_info();
-  if (info == nullptr) {
-    return false;
-  }
+  if (info == nullptr) return false;
   if (!info->isWrite() && !info->beforeSets().empty()) return true;
   for (const c10::AliasInfo& inner : info->containedTypes()) {
     if (!inner.isWrite() && !inner.beforeSets().empty()) return true;
@@ -371,7 +369,7 @@ class Generators {
 };
 
 // Counts a call and, when the fallback warning is on, names the operator the first time it falls back.
-void count_call(const std::string& name, bool view) {
+void count_call(const std::string& name, const c10::FunctionSchema& schema) {
   bool first = false;
   {
     Counters& c = counters();
@@ -379,7 +377,7 @@ void count_call(const std::string& name, bool view) {
     first = c.stats[name].calls++ == 0;
   }
   if (first && warn_flag().load()) {
-    if (view) {
+    if (returns_view(schema)) {
       TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU: a view operator, so each call copies "
                  "the bytes its input reaches to the host and waits for the stream, where a native view kernel moves "
                  "nothing (add one: backendgen add-op ", name, ")");
@@ -408,7 +406,7 @@ struct Timed {
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.operator_name());
   const c10::FunctionSchema& schema = op.schema();
-  count_call(name, returns_view(schema));
+  count_call(name, schema);
   Timed timed{name};
   Staging staging(op, stack, name);
   const c10::Device device = staging.device();
