@@ -380,8 +380,9 @@ def render_kernel(custom: CustomOp) -> str:
     if views:  # the result must stay a view of the argument's device memory, not a copy of it
         arg = views[0].arg
         body.epilogue = [line for line in body.epilogue if "result_device" not in line] + [
-            f'TORCH_CHECK(result.storage().data() == {arg}.storage().data(), "{custom.qualified}: its schema says the '
-            f'result is a view of {arg}, but compute() returned a new tensor");'
+            # compute() ran on host aliases: its result is on the host alias's bytes, not the device address
+            f'TORCH_CHECK(result.storage().data() == kernels::host_alias({arg}).storage().data(), "{custom.qualified}: its '
+            f'schema says the result is a view of {arg}, but compute() returned a new tensor");'
         ]
         body.ret = f"kernels::device_view({arg}, result)"
     meta_lines, uses_empty_like = _meta_lines(custom)

@@ -2,11 +2,13 @@
 
 `plan_kernel` decides which overload gets the kernel (for a structured op that is the out=
 overload, which makes the functional, in-place and out= forms all native) and refuses operators
-a kernel cannot serve (CompositeImplicitAutograd decompositions, views). `render_kernel` and
-`render_test` fill the jinja templates in `template/ops/` with the exact C++ signature from
-torchgen and a body that runs the CPU kernel on the device memory (zero-copy: the emulated device's
-memory is host memory). That body is where a hardware team calls its SDK. `render_registration`
-writes the one file that registers every generated kernel with the dispatcher.
+a kernel cannot serve (CompositeImplicitAutograd decompositions, views without a CPU kernel to
+borrow the geometry from). `render_kernel` and `render_test` fill the jinja templates in
+`template/ops/` with the exact C++ signature from torchgen and a body that runs the CPU kernel on
+the device memory (zero-copy: the emulated device's memory is host memory). That body is where a
+hardware team calls its SDK. A view operator's body (`view_body`) computes only geometry: the CPU
+operator on a host alias, then `kernels::device_view` of the input. `render_registration` writes
+the one file that registers every generated kernel with the dispatcher.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class KernelPlan:
     # For a project from template 1, whose kernel_support.h predates common_device and
     # empty_device: kernels of that template's shape (no device checks, no functional kernel).
     legacy: bool = False
+    # The target returns a view of an argument (Tensor(a) without '!'): its kernel computes only
+    # geometry and returns kernels::device_view of that argument (see view_body).
+    view: bool = False
 
     @property
     def file_stem(self) -> str:
@@ -59,18 +64,61 @@ def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
             "backend sees it, so it needs no kernel; add the operators it decomposes into instead (run it on the device "
             "with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
         )
-    if any(r.startswith("Tensor(") and "!" not in r for r in target.returns):
-        raise UserError(
-            f"{target.qualified} returns a view of its input; backendgen generates kernels for computing ops only "
-            "(views are served by the backend's as_strided/view kernels)"
-        )
+    view = is_view(target)
+    if view:
+        if legacy:
+            raise UserError(f"{target.qualified} returns a view of its input; view kernels need template 2 or later "
+                            "(backendgen update)")
+        view_base(target)  # refuses what a view kernel cannot serve, with the reason
     covers = [target.qualified] + [o.qualified for o in db.delegating_to(target)]
     if target.composite_explicit:
         notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
     elif not target.needs_backend_kernel and not target.structured:
         notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
-    functional = None if legacy else _functional(db, target)
-    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=functional, legacy=legacy)
+    functional = None if legacy or view else _functional(db, target)
+    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=functional,
+                      legacy=legacy, view=view)
+
+
+# --- view operators ------------------------------------------------------------------------------
+
+_VIEW_RETURN = re.compile(r"\([a-z0-9_| ]+\)$")  # "Tensor(a)", "Tensor[](a)": aliases, does not write
+
+
+def is_view(op: Op) -> bool:
+    """Whether `op` returns a view of an argument: a return annotated with an alias set and no '!'
+    (`view_as_real(Tensor(a) self) -> Tensor(a)`, `unbind.int(...) -> Tensor(a)[]`)."""
+    return any(_VIEW_RETURN.search(r) for r in op.returns)
+
+
+@functools.lru_cache(maxsize=256)
+def _aliased_argument(schema: str) -> str | None:
+    from torchgen.model import FunctionSchema
+
+    fs = FunctionSchema.parse(schema)
+    sets = {s for r in fs.returns if r.annotation is not None and not r.annotation.is_write for s in r.annotation.alias_set}
+    for a in fs.arguments.flat_all:
+        if a.annotation is not None and not a.annotation.is_write and sets & set(a.annotation.alias_set):
+            return a.name
+    return None
+
+
+def view_base(op: Op):
+    """The argument (opdb.Arg) whose device memory `op`'s result views, after checking that a view
+    kernel can serve `op`; a UserError with the reason otherwise."""
+    if op.returns_cpp not in ("at::Tensor", "::std::vector<at::Tensor>"):
+        raise UserError(f"{op.qualified} returns {op.returns_cpp} with views in it; backendgen writes view kernels "
+                        "for operators returning one view (Tensor(a)) or a list of views (Tensor(a)[]) only")
+    if not {"CPU", "CompositeExplicitAutograd"} & set(op.dispatch_keys):
+        raise UserError(f"{op.qualified} returns a view but has no CPU kernel to compute its geometry from "
+                        f"(kernels for: {', '.join(op.dispatch_keys) or 'none'}); backendgen cannot write its view kernel")
+    if "nested" in op.base:
+        raise UserError(f"{op.qualified} returns a nested tensor view; backendgen writes view kernels for strided tensors only")
+    name = _aliased_argument(op.schema)
+    arg = next((a for a in op.args if a.name == name), None)
+    if arg is None or arg.cpp_type != "const at::Tensor &":
+        raise UserError(f"{op.qualified}: its result aliases no single Tensor argument; backendgen cannot write its view kernel")
+    return arg
 
 
 def _functional(db: OpDB, target: Op) -> Op | None:
@@ -158,9 +206,49 @@ def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
     ]
 
 
+def view_body(op: Op) -> Body:
+    """C++ statements of a view operator's kernel: the CPU operator on host aliases computes the
+    view's geometry (sizes, strides, storage offset, dtype), and `kernels::device_view` returns a
+    device tensor with it on the aliased argument's storage. Metadata only: no data moves, and no
+    stream work is queued or waited for (no StreamScope), as a view on CUDA launches nothing."""
+    base = view_base(op).name
+    tensors = [a.name for a in op.args if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR or a.cpp_type in _LISTS]
+    setup = []
+    if len(tensors) > 1:  # the device check a computing kernel makes; one tensor is on its own device
+        setup.append(f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)});')
+    prelude, call_args = [], []
+    for a in op.args:
+        t, n = a.cpp_type, a.name
+        if t in _TENSOR or t == _OPT_TENSOR:
+            call_args.append(f"{K}::host_alias({n})")
+        elif t in _LISTS:
+            prelude.append(f"auto {n}_h = {K}::host_alias({n});")
+            call_args.append(f"{n}_h")
+        elif "Tensor" in t or "Device" in t:
+            raise UserError(f"{op.qualified}: argument {n} of C++ type {t} is not supported in a view kernel yet")
+        else:
+            call_args.append(n)
+    call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
+    if op.returns_cpp == "at::Tensor":
+        return Body(setup, prelude, f"at::Tensor view = {call};", [], f"{K}::device_view({base}, view)")
+    return Body(
+        setup,
+        prelude,
+        f"::std::vector<at::Tensor> views = {call};",
+        ["::std::vector<at::Tensor> result;", "result.reserve(views.size());",
+         f"for (const at::Tensor& v : views) result.push_back({K}::device_view({base}, v));"],
+        "result",
+    )
+
+
 def kernel_body(op: Op, *, legacy: bool = False, callee: str | None = None) -> Body:
     """C++ statements that run `op` on host aliases of the device memory (`legacy`: see device_setup).
-    `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher)."""
+    `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher).
+    A view operator gets `view_body`."""
+    if callee is None and is_view(op):
+        if legacy:
+            raise UserError(f"{op.qualified} returns a view of its input; view kernels need template 2 or later")
+        return view_body(op)
     setup, prelude, epilogue, call_args = device_setup(op, legacy=legacy), [], [], []
     writes: list[str] = []
     device_expr = "run_on" if setup else None
@@ -317,6 +405,7 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         op=op,
         plan=plan,
         body=body,
+        view_base=view_base(op).name if plan.view else None,
         headers=completing_headers(op),
         functional=functional_body(plan),
         namespace=_kernel_namespace(op),
@@ -430,6 +519,7 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Pat
         source_path=source_path,
         hints=opinfo_hints(op),
         backward="backward" in op.base,
+        view_base=view_base(op).name if plan.view else None,
     )
 
 

@@ -152,3 +152,43 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1.0"
     assert "failed to load and is disabled" in out.stderr
+
+
+def test_add_op_writes_native_view_kernels(project_copy):
+    """View operators get view kernels (metadata only, on the input's storage): their generated
+    tests check the view relation and pass, and the operators no longer reach the CPU fallback."""
+    root = project_copy
+    res = api.add_ops(["aten::view_as_real", "unbind.int"], root)
+    assert res.built and res.tested
+    assert set(res.added) == {"aten::view_as_real", "aten::unbind.int"}
+    kernel = (root / "csrc/aten/ops/view_as_real.cpp").read_text()
+    assert "kernels::device_view(self, view)" in kernel and "StreamScope" not in kernel
+
+    log = build.run_tests(root, ["tests/ops/test_view_as_real.py", "tests/ops/test_unbind_int.py", "tests/test_views.py", "-vv", "-rs"],
+                          name="views-verbose")
+    text = log.read_text()
+    for test in ("test_matches_cpu_and_stays_on_device", "test_result_is_a_view_that_writes_reach",
+                 "test_gradient_flows_through_the_view"):
+        for module in ("test_view_as_real", "test_unbind_int"):
+            assert re.search(rf"tests/ops/{module}\.py::{test} PASSED", text), (module, test, text[-3000:])
+    assert re.search(r"tests/test_views\.py::test_view_as_real_is_a_view_at_the_right_offset PASSED", text), text[-3000:]
+
+    device = _meta(root)["device"]
+    code = (
+        f"import torch; mod = getattr(torch, '{device}'); z = torch.randn(3, dtype=torch.complex64, device='{device}')\n"
+        "mod.reset_fallback_counts(); r = torch.view_as_real(z[1:]); parts = z.unbind(0)\n"
+        "print(sorted(k for k in mod.fallback_counts() if 'view_as_real' in k or 'unbind' in k),"
+        " r._base is z, r.storage_offset(), parts[2]._base is z, parts[2].storage_offset())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["[]", "True", "2", "True", "2"], ran.stdout
+
+    # a backend operator of its own with a view schema: its device kernel returns a view of the
+    # argument's device memory (its check compares with the host alias compute() ran on)
+    res = api.add_ops([f"{device}::flatview"], root, schema="(Tensor(a) x) -> Tensor(a)", body="x.view(-1)")
+    assert res.built and res.tested
+    log = build.run_tests(root, [f"tests/ops/test_{device}_flatview.py", "-vv"], name="custom-view-verbose")
+    assert re.search(rf"test_{device}_flatview\.py::test_result_is_a_view_of_its_argument PASSED", log.read_text()), \
+        log.read_text()[-3000:]

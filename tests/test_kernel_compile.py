@@ -43,6 +43,9 @@ def test_every_argument_and_return_type_compiles_on_its_own(rendered_project, tm
     db = load_opdb()
     plans = _one_plan_per_type(db)
     assert len(plans) >= 20  # the torch has that many kinds of argument; fewer means the scan broke
+    # and view kernels of each shape: a dtype-changing view, a list of views, a view with a device check
+    plans += [kernelgen.plan_kernel(db, db.resolve(n)) for n in ("view_as_real", "unbind.int", "_make_dual")
+              if db.resolve(n).qualified not in {p.target.qualified for p in plans}]
     device = "kc"  # the kernels' namespace; any identifier
     torch_inc = db.info.torchgen_dir.parent / "torch" / "include"
     flags = ["-std=c++20", "-fsyntax-only", f"-I{torch_inc}", f"-I{torch_inc / 'torch/csrc/api/include'}"]

@@ -35,9 +35,65 @@ def test_composite_implicit_is_refused_with_advice(db):
         kernelgen.plan_kernel(db, db.resolve("linear"))
 
 
-def test_views_are_refused(db):
-    with pytest.raises(UserError, match="view"):
-        kernelgen.plan_kernel(db, db.resolve("unfold"))
+@pytest.mark.parametrize(
+    "name, base, list_of_views",
+    [("view_as_real", "self", False), ("view_as_complex", "self", False), ("unfold", "self", False),
+     ("diagonal", "self", False), ("view.dtype", "self", False), ("unbind.int", "self", True),
+     ("split.Tensor", "self", True), ("_make_dual", "primal", False)],
+)
+def test_view_operators_get_a_view_kernel(db, name, base, list_of_views):
+    plan = kernelgen.plan_kernel(db, db.resolve(name))
+    assert plan.view and plan.functional is None and plan.covers == [plan.target.qualified]
+    assert kernelgen.view_base(plan.target).name == base
+    text = kernelgen.render_kernel(plan, device="npu", source_path="csrc/aten/ops/x.cpp", torch_version="x")
+    assert plan.target.signature + " {" in text
+    # the geometry from the CPU operator on a host alias; the result on the argument's storage
+    assert f"at::_ops::{plan.target.ops_struct}::call(kernels::host_alias({base})" in text
+    assert f"kernels::device_view({base}, " in text
+    # metadata only: no stream work, no copies, no allocation
+    for absent in ("StreamScope", "DeviceGuard", "to_device", "write_back", "empty_device"):
+        assert absent not in text, absent
+    assert ("for (const at::Tensor& v : views) result.push_back(kernels::device_view(self, v));" in text) == list_of_views
+    assert f"returns a view of `{base}`" in text
+    test = kernelgen.render_test(plan, device="npu", source_path="csrc/aten/ops/x.cpp")
+    compile(test, "test_x.py", "exec")
+    assert f'ALIASED = "{base}"' in test and "def test_result_is_a_view_that_writes_reach" in test
+    assert "def test_gradient_flows_through_the_view" in test
+
+
+def test_a_two_tensor_view_checks_devices_like_a_kernel(db):
+    body = kernelgen.kernel_body(db.resolve("_make_dual"))
+    assert body.setup == ['kernels::common_device("aten::_make_dual", kernels::CpuArgs::rejected, primal, tangent);']
+    assert body.ret == "kernels::device_view(primal, view)"
+    assert kernelgen.kernel_body(db.resolve("unfold")).setup == []
+
+
+def test_computing_operators_get_no_view_checks(db):
+    for name in ("topk", "abs.out", "mul.Tensor", "unsafe_split.Tensor"):  # unsafe_split returns Tensor[]: copies
+        plan = kernelgen.plan_kernel(db, db.resolve(name))
+        assert not plan.view
+        test = kernelgen.render_test(plan, device="npu", source_path="x.cpp")
+        assert "ALIASED" not in test and "test_result_is_a_view" not in test
+        assert "device_view" not in kernelgen.render_kernel(plan, device="npu", source_path="x.cpp", torch_version="x")
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("_values", "no CPU kernel to compute its geometry"),  # sparse only
+        ("_indices", "no CPU kernel to compute its geometry"),
+        ("_nested_view_from_buffer", "nested tensor"),
+    ],
+)
+def test_views_a_view_kernel_cannot_serve_are_refused_in_one_line(db, name, reason):
+    with pytest.raises(UserError, match=reason) as e:
+        kernelgen.plan_kernel(db, db.resolve(name))
+    assert "\n" not in str(e.value) and db.resolve(name).qualified in str(e.value)
+
+
+def test_views_are_refused_for_template_1_projects(db):
+    with pytest.raises(UserError, match="view kernels need template 2"):
+        kernelgen.plan_kernel(db, db.resolve("unfold"), legacy=True)
 
 
 def test_kernel_source_uses_the_exact_signature(db):

@@ -12,6 +12,14 @@
 // carried to the device tensor. Results that alias an argument come back as that argument (or as a
 // view of its device storage); new results are copied to the device with their strides.
 //
+// Views: an operator whose schema says a result aliases an input (`Tensor(a)`, no `!`) must come
+// back as a view of the input's device storage. If its CPU kernel returned new memory instead, the
+// device result would be a copy that writes do not reach the input through, so the fallback raises
+// an error naming `backendgen add-op <op>` (a native view kernel) — unless
+// {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 accepts the copy. A view through the fallback is
+// correct but not free: each call copies the bytes its input reaches to the host and waits for the
+// stream, where a native view kernel moves nothing (the fallback warning says so).
+//
 // Random operators draw from the device's generator, not the CPU's: a device torch.Generator passed
 // to the operator is lent to the CPU kernel as a CPU generator with its state, and for operators
 // tagged nondeterministic_seeded the CPU's default generator holds the device's default state for
@@ -58,11 +66,38 @@ Counters& counters() {
   return *c;
 }
 
+bool env_flag(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && env[0] != '\0' && env[0] != '0';
+}
+
+// {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1: a view operator whose CPU kernel returns new memory
+// gives the device a copy instead of raising (read once, at the first such call).
+bool view_copies_allowed() {
+  static const bool allowed = env_flag("{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES");
+  return allowed;
+}
+
+// Whether a schema return aliases an argument without writing it: Tensor(a), Tensor(a)[].
+bool returns_view(const c10::Argument& ret) {
+  const c10::AliasInfo* info = ret.alias_info();
+  if (info == nullptr) return false;
+  if (!info->isWrite() && !info->beforeSets().empty()) return true;
+  for (const c10::AliasInfo& inner : info->containedTypes()) {
+    if (!inner.isWrite() && !inner.beforeSets().empty()) return true;
+  }
+  return false;
+}
+
+bool returns_view(const c10::FunctionSchema& schema) {
+  for (const c10::Argument& ret : schema.returns()) {
+    if (returns_view(ret)) return true;
+  }
+  return false;
+}
+
 std::atomic<bool>& warn_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("{{ cookiecutter.DEVICE }}_WARN_FALLBACK");
-    return env != nullptr && env[0] != '\0' && env[0] != '0';
-  }()};
+  static std::atomic<bool> flag{env_flag("{{ cookiecutter.DEVICE }}_WARN_FALLBACK")};
   return flag;
 }
 
@@ -123,7 +158,8 @@ bool declares_write(const c10::Argument& arg) {
 
 class Staging {
  public:
-  Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack) : stack_(stack), op_name_(op.schema().name()) {
+  Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& name)
+      : stack_(stack), op_name_(name) {
     const auto& args = op.schema().arguments();
     begin_ = stack->size() - args.size();
     for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], declares_write(args[i]), &Staging::note);
@@ -142,8 +178,8 @@ class Staging {
   // After the CPU kernel: copy back every storage it changed, carry changed geometry to the device.
   void write_back();
 
-  // A result of the CPU kernel as the device sees it.
-  c10::IValue to_device(const c10::IValue& v);
+  // A result of the CPU kernel as the device sees it. `view`: the schema says it aliases an argument.
+  c10::IValue to_device(const c10::IValue& v, bool view);
 
  private:
   using Visitor = at::Tensor (Staging::*)(const at::Tensor&, bool written);
@@ -266,7 +302,7 @@ void Staging::write_back() {
   }
 }
 
-c10::IValue Staging::to_device(const c10::IValue& v) {
+c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
   auto one = [&](const at::Tensor& h) -> at::Tensor {
     if (!h.defined() || on_device(h)) return h;
     TORCH_CHECK(h.layout() == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only, but the CPU kernel of ",
@@ -280,6 +316,12 @@ c10::IValue Staging::to_device(const c10::IValue& v) {
         return tensor_on(s.device, c10::DispatchKey::PrivateUse1, h.dtype(), h.sizes(), h.strides(), offset, h);
       }
     }
+    // A view operator's result must be a view of an argument (see the top of this file).
+    TORCH_CHECK(!view || view_copies_allowed(), op_name_,
+                " returns a view of its input, but its CPU kernel returned new memory: through the CPU fallback the "
+                "{{ cookiecutter.device }} result would be a copy, and writes through it would not reach the input. "
+                "Give it a native view kernel: backendgen add-op ", op_name_,
+                " (or set {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy)");
     // A new result: copied to the device storage by storage, so strides and aliasing between results stay.
     const c10::StorageImpl* key = h.storage().unsafeGetStorageImpl();
     auto it = new_results_.find(key);
@@ -350,7 +392,7 @@ class Generators {
 };
 
 // Counts a call and, when the fallback warning is on, names the operator the first time it falls back.
-void count_call(const std::string& name) {
+void count_call(const std::string& name, const c10::FunctionSchema& schema) {
   bool first = false;
   {
     Counters& c = counters();
@@ -358,7 +400,13 @@ void count_call(const std::string& name) {
     first = c.stats[name].calls++ == 0;
   }
   if (first && warn_flag().load()) {
-    TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU (add one: backendgen add-op ", name, ")");
+    if (returns_view(schema)) {
+      TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU: a view operator, so each call copies "
+                 "the bytes its input reaches to the host and waits for the stream, where a native view kernel moves "
+                 "nothing (add one: backendgen add-op ", name, ")");
+    } else {
+      TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU (add one: backendgen add-op ", name, ")");
+    }
   }
 }
 
@@ -380,9 +428,10 @@ struct Timed {
 // structured operators (csrc/aten/ops/generated/registration.cpp).
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string name = c10::toString(op.operator_name());
-  count_call(name);
+  const c10::FunctionSchema& schema = op.schema();
+  count_call(name, schema);
   Timed timed{name};
-  Staging staging(op, stack);
+  Staging staging(op, stack, name);
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
   kernels::StreamScope on_stream(device, "cpu fallback");  // the staging copies waited for the stream
@@ -391,8 +440,11 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
   staging.write_back();
-  const size_t returns = op.schema().returns().size();
-  for (size_t i = stack->size() - returns; i < stack->size(); ++i) (*stack)[i] = staging.to_device((*stack)[i]);
+  const std::vector<c10::Argument>& returns = schema.returns();
+  const size_t first = stack->size() - returns.size();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    (*stack)[first + i] = staging.to_device((*stack)[first + i], returns_view(returns[i]));
+  }
 }
 
 std::vector<std::pair<std::string, Stat>> stats() {

@@ -245,9 +245,21 @@ void grow_storage(const c10::Storage& storage, size_t nbytes, c10::Device device
 }
 
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view) {
-  auto v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                    base.key_set(), base.dtype());
+  TORCH_CHECK(view.layout() == c10::kStrided && !view.is_nested(),
+              "{{ cookiecutter.device }}: a view of a device tensor must be a strided tensor, not ", view.layout());
+  // The same bytes: the host alias covers base's whole storage from its first byte, so the view's
+  // offset into it is its offset into the device storage.
+  TORCH_CHECK(view.storage().data() == host_bytes(base.storage()),
+              "{{ cookiecutter.device }}: the CPU operator returned new memory, not a view of its input's; a device "
+              "view needs a view (see kernels::device_view)");
+  // as PyTorch's own view_tensor (ATen/native/ComplexHelper.h): base's keys, the view's dtype and bits
+  const c10::DispatchKeySet keys =
+      base.key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative);
+  auto v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()), keys,
+                                                    view.dtype());
   v.unsafeGetTensorImpl()->set_sizes_and_strides(view.sizes(), view.strides(), view.storage_offset());
+  if (view.is_conj()) v._set_conj(true);
+  if (view.is_neg()) v._set_neg(true);
   return v;
 }
 

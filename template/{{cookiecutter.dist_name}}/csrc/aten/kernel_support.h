@@ -93,7 +93,11 @@ class StreamScope {
 // dispatcher: this is how a kernel allocates its outputs.
 at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options);
 
-// A device tensor sharing `base`'s storage with the geometry of `view` (a host view of base's alias).
+// A device tensor sharing `base`'s storage with the geometry of `view`, a view of `host_alias(base)`
+// (e.g. what the CPU operator returned for it): its sizes, strides, storage offset and dtype — which
+// may differ from base's (view_as_real, view.dtype: the offset counts elements of the view's dtype)
+// — and its conjugate and negative bits. Metadata only: no data moves, no stream work. Throws if
+// `view` is not on base's memory (a CPU kernel that returned a copy).
 at::Tensor device_view(const at::Tensor& base, const at::Tensor& view);
 
 // Makes a device storage at least `nbytes` long, keeping its contents (resize_, out= results).

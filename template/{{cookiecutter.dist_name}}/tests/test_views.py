@@ -1,0 +1,151 @@
+"""View operators on the {{ cookiecutter.device }} device return views of their input, never copies.
+
+A view shares its input's device memory: writes through it reach the input (and the input's
+writes reach it), autograd knows it as a view (`_base`, one version counter) and differentiates
+through it. These hold whether the operator has a native view kernel (`backendgen add-op
+aten::view_as_real` writes one: metadata only) or runs through the CPU fallback, which maps a CPU
+result that aliases an argument back onto the argument's device storage
+(csrc/aten/fallback.cpp). A view operator whose CPU kernel returns new memory would silently
+become a copy there: the fallback raises an error naming `backendgen add-op` instead, unless
+{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 accepts the copy.
+"""
+
+import os
+import warnings
+
+import pytest
+import torch
+
+from tests.conftest import DEVICE, run_python
+
+
+def both(cpu: torch.Tensor):
+    """The CPU tensor and a device copy of it."""
+    return cpu, cpu.to(DEVICE)
+
+
+def assert_view_of(view: torch.Tensor, base: torch.Tensor, cpu_view: torch.Tensor):
+    """`view` is on `base`'s device memory, is its autograd view, and has `cpu_view`'s geometry."""
+    assert view.device.type == DEVICE
+    on_base = view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert on_base, "a copy, not a view: the result is not on its input's memory"
+    assert view._base is (base if base._base is None else base._base)
+    assert (view.dtype, view.shape, view.stride(), view.storage_offset()) == (
+        cpu_view.dtype, cpu_view.shape, cpu_view.stride(), cpu_view.storage_offset())
+    torch.testing.assert_close(view.cpu(), cpu_view, rtol=0, atol=0)
+
+
+def test_view_as_real_is_a_view_at_the_right_offset():
+    full, dfull = both(torch.randn(5, 3, dtype=torch.complex64))
+    x, d = full[1:], dfull[1:]  # storage offset 3 complex elements = 6 floats
+    cpu_view, view = torch.view_as_real(x), torch.view_as_real(d)
+    assert view.storage_offset() == 6 and view.dtype == torch.float32
+    assert_view_of(view, d, cpu_view)
+    version = d._version
+    view[0, 1, 1] = 42.0  # the imaginary part of d[0, 1]
+    cpu_view[0, 1, 1] = 42.0
+    assert d._version > version  # the view and its base share one version counter
+    torch.testing.assert_close(dfull.cpu(), full, rtol=0, atol=0)
+    d[2, 0] = 7 + 8j  # and the base's writes reach the view
+    assert view[2, 0].tolist() == [7.0, 8.0]
+
+
+def test_view_as_complex_is_a_view_at_the_right_offset():
+    full, dfull = both(torch.randn(9, 2))
+    x, d = full[3:], dfull[3:]  # storage offset 6 floats = 3 complex elements
+    cpu_view, view = torch.view_as_complex(x), torch.view_as_complex(d)
+    assert view.storage_offset() == 3 and view.dtype == torch.complex64
+    assert_view_of(view, d, cpu_view)
+    view[1] = 5 - 6j
+    cpu_view[1] = 5 - 6j
+    torch.testing.assert_close(dfull.cpu(), full, rtol=0, atol=0)
+    assert dfull[4].tolist() == [5.0, -6.0]
+
+
+def test_unfold_is_a_view_of_overlapping_windows():
+    x, d = both(torch.arange(10.0))
+    cpu_view, view = x.unfold(0, 4, 2), d.unfold(0, 4, 2)
+    assert_view_of(view, d, cpu_view)
+    view[1, 0] = 100.0  # element 2 of the input, seen by windows 0 and 1
+    assert d[2].item() == 100.0 and view[0, 2].item() == 100.0
+
+
+@pytest.mark.parametrize(
+    "make_view",
+    [
+        pytest.param(lambda t: torch.view_as_real(t).unfold(0, 2, 1), id="view_as_real+unfold"),
+        pytest.param(lambda t: torch.view_as_complex(torch.view_as_real(t)), id="view_as_complex(view_as_real)"),
+    ],
+)
+def test_gradients_flow_through_views(make_view):
+    x = torch.randn(6, dtype=torch.complex64)
+    grads = []
+    for device in ("cpu", DEVICE):
+        leaf = x.to(device, copy=True).requires_grad_()
+        out = make_view(leaf)
+        assert out._base is leaf
+        loss = (out * out.conj()).real.sum() if out.is_complex() else (out * out).sum()
+        loss.backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1].cpu(), grads[0])
+
+
+def test_in_place_through_a_view_is_seen_by_autograd():
+    # the view and its base share a version counter: modifying the base after saving the view for
+    # backward is an error on the device as on the CPU
+    for device in ("cpu", DEVICE):
+        leaf = torch.randn(4, dtype=torch.complex64, device=device, requires_grad=True)
+        base = leaf * 1
+        view = torch.view_as_real(base)
+        y = view.pow(2).sum()
+        view.mul_(2)  # in place through the view: pow saved it, so backward must refuse
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
+def test_the_fallback_warning_says_a_view_through_the_fallback_copies(mod):
+    if "aten::view_as_complex" in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"):
+        pytest.skip("aten::view_as_complex has a native kernel in this project")
+    d = torch.randn(4, 2, device=DEVICE)
+    mod.reset_fallback_counts()
+    mod.set_fallback_warning(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.view_as_complex(d)
+    finally:
+        mod.set_fallback_warning(False)
+    message = next(str(w.message) for w in caught if "aten::view_as_complex" in str(w.message))
+    assert "view operator" in message and "backendgen add-op aten::view_as_complex" in message
+
+
+_COPYING_VIEW = """
+import torch, {{ cookiecutter.package }}
+lib = torch.library.Library("viewcheck", "DEF")
+lib.define("copying_view(Tensor(a) x) -> Tensor(a)")  # says: a view of x
+lib.impl("copying_view", lambda x: x.clone(), "CPU")  # but returns new memory
+d = torch.zeros(3, device="{{ cookiecutter.device }}")
+try:
+    v = torch.ops.viewcheck.copying_view(d)
+except RuntimeError as e:
+    print("ERROR", str(e).splitlines()[0])
+else:
+    v.fill_(1.0)
+    print("COPY", v.device.type, d.sum().item())
+"""
+
+
+def test_the_fallback_refuses_to_turn_a_view_into_a_copy():
+    out = run_python(_COPYING_VIEW)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("ERROR"), line
+    assert "viewcheck::copying_view returns a view of its input" in line
+    assert "backendgen add-op viewcheck::copying_view" in line and "{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1" in line
+
+
+def test_the_documented_switch_accepts_a_copy():
+    out = run_python(_COPYING_VIEW, env={**os.environ, "{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES": "1"})
+    assert out.returncode == 0, out.stderr
+    # a copy on the device: writes through it do not reach the input
+    assert out.stdout.strip().splitlines()[-1] == "COPY {{ cookiecutter.device }} 0.0"
