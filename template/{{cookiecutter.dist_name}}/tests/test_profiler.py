@@ -17,6 +17,9 @@ from torch.profiler import ProfilerActivity, profile
 from tests.conftest import DEVICE
 
 N = 64
+# The device's records and the CPU ops are timed by two clocks, converted to one: allow this much
+# (microseconds) where a device event may start right as its op starts.
+CLOCKS_US = 20
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +86,7 @@ def test_device_events_follow_their_cpu_op_and_keep_their_streams_order(mod):
     linked = [e for e in events if e.linked_correlation_id in ops]
     assert len(linked) == len(events), "every device event names the CPU op that launched it"
     for e in linked:  # on one clock: the device starts the work after the host asked for it
-        assert e.time_range.start >= ops[e.linked_correlation_id].time_range.start
+        assert e.time_range.start >= ops[e.linked_correlation_id].time_range.start - CLOCKS_US
     by_stream = {}
     for e in events:
         by_stream.setdefault(e.device_resource_id, []).append(e)
@@ -96,6 +99,22 @@ def test_device_events_follow_their_cpu_op_and_keep_their_streams_order(mod):
     default = [ops[e.linked_correlation_id].name for e in sorted(by_stream[0], key=lambda e: e.time_range.start)]
     assert default.index("aten::add") < default.index("aten::mm") < len(default) - 1
     assert "copy device to host" == sorted(by_stream[0], key=lambda e: e.time_range.start)[-1].name
+
+
+def test_queued_work_shows_when_the_device_ran_it(mod):
+    x = torch.ones(N, device=DEVICE)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        mod._sleep(50_000)
+        y = x.clone()  # a copy within the device is queued: the host returns at once
+        mod.synchronize()
+    assert torch.equal(y.cpu(), torch.ones(N))
+    ops = cpu_ops(prof)
+    events = device_events(prof)
+    (sleep,) = [e for e in events if e.name == "sleep"]
+    (copy,) = [e for e in events if e.name == "copy device to device"]
+    assert sleep.time_range.end - sleep.time_range.start >= 45_000
+    assert copy.time_range.start >= sleep.time_range.end  # the stream ran it after the sleep,
+    assert copy.time_range.start > ops[copy.linked_correlation_id].time_range.end  # long after its op returned
 
 
 def test_a_second_device_has_its_own_rows(mod):
@@ -134,7 +153,7 @@ def test_the_chrome_trace_has_device_rows_linked_to_cpu_ops(mod, tmp_path):
     assert {e["tid"] for e in device} == {0, side.stream_id}  # one row per stream
     for e in device:
         op = cpu[e["args"]["External id"]]
-        assert e["ts"] >= op["ts"]
+        assert e["ts"] >= op["ts"] - CLOCKS_US
     names = {e["args"]["name"] for e in trace if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] == 0}
     assert f"stream {side.stream_id}" in names
 
