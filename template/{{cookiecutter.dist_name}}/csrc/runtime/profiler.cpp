@@ -112,8 +112,10 @@ class DeviceTraceSession final : public libkineto::IActivityProfilerSession {
     status_ = libkineto::TraceStatus::RECORDING;
   }
 
-  // torch's profiler synchronizes the device (the device module's synchronize) before it stops,
-  // so the work launched inside the trace has run and been recorded by now.
+  // torch's profiler synchronizes the current device (the device module's synchronize) before it
+  // stops, so the work launched there inside the trace has run and been recorded by now. Work still
+  // queued on another device is not in the trace unless the user synchronized it. (Not synchronized
+  // here: a synchronize reports a failure of queued work once, and the user's next call must see it.)
   void stop() override {
     driver::set_tracing(false);
     records_ = driver::take_activities();
