@@ -147,3 +147,20 @@ def test_a_setup_py_without_the_unity_command_goes_through_setup_py(with_units):
     setup_py.write_text(setup_py.read_text().replace('cmdclass={"unity": WriteUnits},', ""))
     (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n")
     assert not record.units_still_match(root, env)
+
+
+def test_a_file_a_unity_group_names_is_compiled_in_that_group_only(with_units):
+    # the profiler's Kineto headers stay out of the runtime unit; other runtime files still join it
+    root, env, record = with_units
+    unity = root / "build" / "unity"
+    assert "csrc/runtime/profiler.cpp" in (unity / "profiler.cpp").read_text()
+    assert "profiler.cpp" not in (unity / "runtime.cpp").read_text()
+    assert "csrc/runtime/guard.cpp" in (unity / "runtime.cpp").read_text()
+    (root / "csrc" / "runtime" / "extra.cpp").write_text("// a runtime file a team added\n")
+    assert record.units_still_match(root, env)
+    assert "csrc/runtime/extra.cpp" in (unity / "runtime.cpp").read_text()
+    device = json.loads((root / "backendgen.json").read_text())["DEVICE"]
+    out = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, capture_output=True, text=True,
+                         check=True, env=dict(env, **{f"{device}_UNITY_BUILD": "0"}))
+    files = json.loads(out.stdout.split("sources: ", 1)[1])
+    assert files.count("csrc/runtime/profiler.cpp") == 1 and "csrc/runtime/extra.cpp" in files

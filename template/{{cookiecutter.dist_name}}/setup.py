@@ -6,7 +6,8 @@ later rebuilds with `python setup.py build_ext --inplace` or `backendgen build`.
 Why the sources are grouped: every translation unit that includes torch's headers pays for parsing
 them (2-7 s for narrow ATen/c10 headers, up to 35 s for <torch/extension.h>). Each integration
 point keeps its own readable file, but the build compiles a few "unity" files that #include the
-real ones, grouped by header weight: driver+runtime (c10 only), aten (dispatcher, fallback,
+real ones, grouped by header weight: driver+runtime (c10 only), profiler (the runtime's
+csrc/runtime/profiler.cpp: torch's profiler and Kineto's headers), aten (dispatcher, fallback,
 autocast, serialization, and csrc/distributed: host views for the collective backend), ops (the
 add-op kernels and the backend's own operators, csrc/custom_ops: ATen/core headers only),
 autograd (the torch::autograd::Functions add-op --autograd writes: ~12 s of autograd headers, paid
@@ -32,8 +33,11 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # never load a stal
 
 ROOT = Path(__file__).parent.resolve()
 CSRC = ROOT / "csrc"
+# A group lists folders (their *.cpp files) or single files; a file a group names is not also
+# compiled with its folder's group.
 GROUPS = {
     "runtime": ["driver", "runtime"],
+    "profiler": ["runtime/profiler.cpp"],
     "aten": ["aten", "distributed"],
     "ops": ["aten/ops", "custom_ops"],
     "autograd": ["autograd"],
@@ -54,8 +58,20 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
+def _group_files() -> dict[str, list[Path]]:
+    named = {CSRC / e for entries in GROUPS.values() for e in entries if e.endswith(".cpp")}
+
+    def expand(entry: str) -> list[Path]:
+        path = CSRC / entry
+        if entry.endswith(".cpp"):
+            return [path] if path.is_file() else []
+        return [p for p in path.glob("*.cpp") if p not in named]
+
+    return {g: sorted(p for e in entries for p in expand(e)) for g, entries in GROUPS.items()}
+
+
 def sources() -> list[str]:
-    files = {g: sorted(p for d in dirs for p in (CSRC / d).glob("*.cpp")) for g, dirs in GROUPS.items()}
+    files = _group_files()
     if os.environ.get("{{ cookiecutter.DEVICE }}_UNITY_BUILD", "1") == "0":
         return [str(p.relative_to(ROOT)) for group in files.values() for p in group]
     out = []
@@ -73,15 +89,18 @@ def sources() -> list[str]:
 
 def torch_build_ext():
     """torch.utils.cpp_extension's BuildExtension (with ninja), building the CppExtension."""
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
     class BuildExt(BuildExtension):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, use_ninja=True, **kwargs)
 
         def finalize_options(self):
-            # CppExtension adds torch's include and library paths to the extension
-            self.distribution.ext_modules = [CppExtension(sources=sources(), **EXTENSION)]
+            # CppExtension adds torch's include and library paths to the extension; Kineto's
+            # headers (the profiler's) include each other by bare name, from their own folder
+            kineto = [str(Path(p) / "kineto") for p in include_paths() if (Path(p) / "kineto").is_dir()]
+            ext = dict(EXTENSION, include_dirs=EXTENSION["include_dirs"] + kineto)
+            self.distribution.ext_modules = [CppExtension(sources=sources(), **ext)]
             super().finalize_options()
             # ninja's files and the objects stay in the project's build/ (setuptools' usual place)
             # even when pip builds (it picks a temporary directory, deleted afterwards): the next

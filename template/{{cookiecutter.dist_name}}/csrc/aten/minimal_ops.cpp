@@ -114,8 +114,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor& host_side = dst_on_device ? self : dst;
   const bool pinned = !(dst_on_device && src_on_device) && driver::is_host_pinned(host_side.storage().data());
   const bool queued = (dst_on_device && src_on_device && self.device() == dst.device()) || (non_blocking && pinned);
+  // the profiler shows copies between host and device as memcpys by these names
+  const char* name = dst_on_device && src_on_device ? "copy device to device"
+                     : dst_on_device                ? "copy host to device"
+                                                    : "copy device to host";
   if (!queued) {
-    kernels::StreamScope on_stream(device, "copy");
+    kernels::StreamScope on_stream(device, name);
     at::Tensor dst_alias = kernels::host_alias(dst);
     at::_ops::copy_::call(dst_alias, kernels::host_alias(self), false);
     return dst;
@@ -124,9 +128,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // tensors alive (record_stream / the pinned allocator's events do that).
   at::Tensor to = dst_on_device ? kernels::host_alias(dst) : kernels::borrowed(dst);
   at::Tensor from = src_on_device ? kernels::host_alias(self) : kernels::borrowed(self);
-  const char* name = dst_on_device && src_on_device ? "copy device to device"
-                     : dst_on_device                ? "copy host to device"
-                                                    : "copy device to host";
   {{ cookiecutter.DEVICE }}_CHECK(driver::launch(device.index(), stream, name, [to = std::move(to), from = std::move(from)]() mutable {
     at::_ops::copy_::call(to, from, false);
   }));
