@@ -17,11 +17,7 @@ from tests.conftest import DEVICE, run_python
 BUSY_US = 300_000  # long enough that the host finishes its part while the stream still sleeps
 N = 4096
 
-
-@pytest.fixture(autouse=True)
-def drained(mod):
-    yield
-    mod.synchronize()
+pytestmark = pytest.mark.usefixtures("drained")  # no queued work outlives a test
 
 
 def test_an_event_is_not_complete_until_its_stream_reaches_it(mod):

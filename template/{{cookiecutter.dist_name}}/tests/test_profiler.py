@@ -21,11 +21,7 @@ N = 64
 # (microseconds) where a device event may start right as its op starts.
 CLOCKS_US = 20
 
-
-@pytest.fixture(autouse=True)
-def drained(mod):
-    yield
-    mod.synchronize()
+pytestmark = pytest.mark.usefixtures("drained")  # no queued work outlives a test
 
 
 def device_events(prof):

@@ -11,12 +11,11 @@ become a copy there: the fallback raises an error naming `backendgen add-op` ins
 """
 
 import os
-import warnings
 
 import pytest
 import torch
 
-from tests.conftest import DEVICE, run_python
+from tests.conftest import DEVICE, fallback_warnings, run_python
 
 
 def both(cpu: torch.Tensor):
@@ -107,15 +106,7 @@ def test_the_fallback_warning_says_a_view_through_the_fallback_copies(mod):
     if "aten::view_as_complex" in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"):
         pytest.skip("aten::view_as_complex has a native kernel in this project")
     d = torch.randn(4, 2, device=DEVICE)
-    mod.reset_fallback_counts()
-    mod.set_fallback_warning(True)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.view_as_complex(d)
-    finally:
-        mod.set_fallback_warning(False)
-    message = next(str(w.message) for w in caught if "aten::view_as_complex" in str(w.message))
+    message = next(m for m in fallback_warnings(mod, lambda: torch.view_as_complex(d)) if "aten::view_as_complex" in m)
     assert "view operator" in message and "backendgen add-op aten::view_as_complex" in message
 
 
