@@ -78,6 +78,13 @@ bool view_copies_allowed() {
   return allowed;
 }
 
+// How to give operator `name` a native kernel: backendgen add-op writes kernels for ATen operators
+// and the backend's own; another library's operator gets one through torch.library.
+std::string remedy(const std::string& name) {
+  if (name.rfind("aten::", 0) == 0 || name.rfind("{{ cookiecutter.device }}::", 0) == 0) return "backendgen add-op " + name;
+  return "register a PrivateUse1 kernel for " + name + " with torch.library (backendgen add-op covers aten:: and {{ cookiecutter.device }}:: operators)";
+}
+
 // Whether a schema return aliases an argument without writing it: Tensor(a), Tensor(a)[].
 bool returns_view(const c10::Argument& ret) {
   const c10::AliasInfo* info = ret.alias_info();
@@ -320,7 +327,7 @@ c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
     TORCH_CHECK(!view || view_copies_allowed(), op_name_,
                 " returns a view of its input, but its CPU kernel returned new memory: through the CPU fallback the "
                 "{{ cookiecutter.device }} result would be a copy, and writes through it would not reach the input. "
-                "Give it a native view kernel: backendgen add-op ", op_name_,
+                "Give it a native view kernel: ", remedy(op_name_),
                 " (or set {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy)");
     // A new result: copied to the device storage by storage, so strides and aliasing between results stay.
     const c10::StorageImpl* key = h.storage().unsafeGetStorageImpl();
@@ -403,9 +410,9 @@ void count_call(const std::string& name, const c10::FunctionSchema& schema) {
     if (returns_view(schema)) {
       TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU: a view operator, so each call copies "
                  "the bytes its input reaches to the host and waits for the stream, where a native view kernel moves "
-                 "nothing (add one: backendgen add-op ", name, ")");
+                 "nothing (add one: ", remedy(name), ")");
     } else {
-      TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU (add one: backendgen add-op ", name, ")");
+      TORCH_WARN(name, " has no {{ cookiecutter.device }} kernel and runs on the CPU (add one: ", remedy(name), ")");
     }
   }
 }
