@@ -17,7 +17,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, amp, build, customop, kernelgen, naming, overrides, render, support
+from backendgen import __version__, amp, build, customop, kernelgen, manifest, naming, overrides, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
@@ -85,18 +85,18 @@ def new_backend(
             notes.append(f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, "
                          "which no longer exists")
     with rep.step("render"):
-        manifest = render.template_manifest()
+        tpl = manifest.load()
         context = {
             **names.context(),
             "num_devices": str(devices),
             "torch_version": info.public_version,
             "backendgen_version": __version__,
-            "template_version": str(manifest["template_version"]),
+            "template_version": str(tpl.template_version),
         }
         with _writes(dest, "nothing was written"), render.staging_dir(dest) as staging:
             rendered = render.render_into(staging, context)
-            project = Project(rendered, _initial_metadata(names, devices, db, manifest))
-            for name in manifest["builtin_ops"]:
+            project = Project(rendered, _initial_metadata(names, devices, db, tpl))
+            for name in tpl.builtin_ops():
                 op = db.resolve(name)
                 project.add_op(
                     OpRecord(
@@ -105,7 +105,7 @@ def new_backend(
                     )
                 )
             tx = Transaction(rendered)
-            added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in manifest["default_ops"]]
+            added = [_write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in tpl.default_ops]
             _write_registration(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
@@ -134,14 +134,13 @@ def _writes(where: Path, outcome: str):
         raise UserError(f"cannot write to {where}: {e.strerror}{detail}; {outcome}") from None
 
 
-def _initial_metadata(names: naming.Names, devices: int, db: OpDB, manifest: dict) -> dict:
+def _initial_metadata(names: naming.Names, devices: int, db: OpDB, tpl: manifest.Manifest) -> dict:
     # the template's autocast table, for the operators the installed torch has
-    table = {"amp": {n: p for n, p in manifest["default_amp"].items() if db.get(n) is not None}} \
-        if "default_amp" in manifest else {}
+    table = {"amp": {n: p for n, p in tpl.default_amp.items() if db.get(n) is not None}}
     return {
         "format": METADATA_FORMAT,
         "backendgen_version": __version__,
-        "template_version": str(manifest["template_version"]),
+        "template_version": str(tpl.template_version),
         **names.context(),
         "num_devices": devices,
         "torch": {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256},

@@ -6,7 +6,8 @@ Five areas, one finding per line:
 - schema     every registered operator's schema against the installed torch (canonical strings
              from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
              short-circuited when `native_functions.yaml` has the recorded hash;
-- api        the C++ and Python extension points the template relies on;
+- api        the C++ and Python extension points the template relies on (each integration point's
+             in the template's manifest, backendgen/manifest.py);
 - extension  the built library, loaded in a subprocess (a bad static registration aborts the
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
@@ -26,65 +27,22 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, customop, support
+from backendgen import __version__, customop, manifest, support
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 
 SEVERITIES = ("ok", "info", "warning", "error")
 
-# C++ extension points the template uses: header (under torch/include) -> names it must declare.
-CPP_APIS = {
-    "c10/core/CachingDeviceAllocator.h": ["DeviceAllocator", "getDeviceStats", "resetPeakStats"],
-    "c10/core/Allocator.h": ["REGISTER_ALLOCATOR", "copy_data"],
-    "ATen/core/CachingHostAllocator.h": ["HostAllocator", "REGISTER_HOST_ALLOCATOR"],
-    "c10/core/impl/DeviceGuardImplInterface.h": ["DeviceGuardImplInterface", "C10_REGISTER_GUARD_IMPL", "elapsedTime",
-                                                 "getStreamNativeHandle"],
-    "ATen/detail/PrivateUse1HooksInterface.h": ["PrivateUse1HooksInterface", "RegisterPrivateUse1HooksInterface",
-                                                "resizePrivateUse1Bytes"],
-    "ATen/CPUGeneratorImpl.h": ["CPUGeneratorImpl", "getDefaultCPUGenerator"],
-    "torch/csrc/jit/serialization/pickler_helper.h": ["TensorBackendMetaRegistry"],
-    "ATen/autocast_mode.h": ["get_autocast_dtype"],
-    # the CPU fallback stages arguments and redispatches to the CPU itself (csrc/aten/fallback.cpp)
-    "ATen/core/dispatch/Dispatcher.h": ["redispatchBoxed", "hasTag"],
-    "ATen/core/ivalue.h": ["isOptionalTensorList", "isGenerator"],
-    "ATen/EmptyTensor.h": ["empty_generic", "empty_strided_generic"],
-    # functional kernels derive from the CPU's structured class (csrc/aten/ops/*.cpp)
-    "ATen/TensorMeta.h": ["set_output_raw_strided", "maybe_get_output"],
-    # kernel_support.cpp re-points recycled host aliases
-    "c10/core/TensorImpl.h": ["set_storage_and_dtype", "pyobj_slot"],
-    "c10/core/impl/PyObjectSlot.h": ["load_pyobj"],
-    "torch/csrc/Generator.h": ["THPGenerator_initDefaultGenerator"],
-}
+# What check itself needs of torch besides the template's extension points (the manifest's).
+PROBE_APIS = ("torch._C._dispatch_find_dangling_impls",)
 
-# Python sources under the torch package -> names the template's torch.compile integration
-# (torch_<device>/compiler/) uses. Read as text, like the headers: importing Dynamo and Inductor
-# would cost check a second. Missing ones break torch.compile on the device only: warnings.
-COMPILE_APIS = {
-    "_dynamo/device_interface.py": ["class DeviceInterface", "def register_interface_for_device"],
-    "_inductor/codegen/common.py": ["class DeviceOpOverrides", "def register_backend_for_device",
-                                    "def register_device_op_overrides", "_get_privateuse1_backend_name", '"Scheduling"'],
-    "_inductor/codegen/wrapper.py": ["class SubgraphPythonWrapperCodegen", "def _generate_kernel_call_helper",
-                                     "def wrap_kernel_call"],
-    "_inductor/codegen/cpp.py": ["class CppScheduling"],
-}
 
-# Python extension points, probed in the subprocess.
-PY_APIS = [
-    "torch.utils.rename_privateuse1_backend",
-    "torch.utils.generate_methods_for_privateuse1_backend",
-    "torch._register_device_module",
-    "torch._C._get_privateuse1_backend_name",
-    "torch.accelerator.memory_allocated",
-    "torch.accelerator.current_stream",
-    "torch.Stream",
-    "torch.Event",
-    "torch._import_device_backends",
-    "torch._C._dispatch_find_dangling_impls",
-    # the collective backend ({package}/distributed.py): a Python ProcessGroup over gloo
-    "torch.distributed.Backend.register_backend",
-    "torch.distributed.ProcessGroupGloo",
-]
+def python_apis() -> list[str]:
+    """The dotted torch names the probe looks up: the template's (per integration point) and check's own."""
+    names = [n for point in manifest.load().integration_points for n in point.python_apis]
+    return list(dict.fromkeys([*names, *PROBE_APIS]))
+
 
 _PROBE = r"""
 import json, os, sys
@@ -268,7 +226,7 @@ def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
     """Start the subprocess that needs torch (about one `import torch`); `_probe_results` collects it."""
     req = {
         "package": project.package,
-        "py_apis": PY_APIS,
+        "py_apis": python_apis(),
         "schemas": schemas,
         "ops": [rec.op for rec in project.ops],
         "keys": _expected_keys(project),
@@ -398,42 +356,54 @@ def signature_types(signature: str) -> str:
     return f"{ret}({', '.join(types)})"
 
 
-def _torch_include(db: OpDB) -> Path:
-    return db.info.torchgen_dir.parent / "torch" / "include"
-
-
 def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
-    inc = _torch_include(db)
-    missing = []
-    for header, names in CPP_APIS.items():
-        path = inc / header
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        missing += [f"{header}: {n}" if text else f"{header} (missing header)" for n in names if n not in text]
-        if not text and f"{header} (missing header)" not in missing:
-            missing.append(f"{header} (missing header)")
-    py = (probed or {}).get("py_apis")
-    if py is not None:
-        missing += [name for name, ok in py.items() if not ok]
-    entry = Path(db.info.torchgen_dir.parent / "torch" / "__init__.py")
-    if "torch.backends" not in entry.read_text(errors="replace"):
-        missing.append("the torch.backends autoload entry-point group")
-    compile_missing = []
-    if (project.root / project.package / "compiler").is_dir():
-        pkg = db.info.torchgen_dir.parent / "torch"
-        for source, names in COMPILE_APIS.items():
-            path = pkg / source
-            text = path.read_text(errors="replace") if path.is_file() else ""
-            compile_missing += [f"torch/{source}: {n}" if text else f"torch/{source} (missing)" for n in names
-                                if n not in text]
-    if missing:
-        for m in sorted(set(missing)):
-            report.add("api", "error", m, "not found in the installed torch: the template's code using it must be ported")
-    for m in sorted(set(compile_missing)):
-        report.add("api", "warning", m, f"not found in the installed torch: torch.compile on the device "
-                                        f"({project.package}/compiler/) must be ported")
-    if not missing and not compile_missing:
+    """The torch APIs each integration point of the manifest uses: C++ names in their headers and
+    torch source text read as files (importing Dynamo and Inductor would cost a second), Python
+    names from the probe. A missing one is an error, or a warning for an optional point (the
+    device works without it), which is checked only if the project has it."""
+    pkg = db.info.torchgen_dir.parent / "torch"
+    inc = pkg / "include"
+    probed_py = (probed or {}).get("py_apis")
+    texts: dict[Path, str] = {}
+
+    def text(path: Path) -> str:
+        if path not in texts:
+            texts[path] = path.read_text(errors="replace") if path.is_file() else ""
+        return texts[path]
+
+    missing: dict[str, tuple[bool, str]] = {}  # subject -> (optional, who uses it)
+    counts = {"cpp": 0, "py": 0}
+    for point in manifest.load().integration_points:
+        where = [p.replace("{package}", project.package) for p in point.paths]
+        if point.optional and not any((project.root / w.split("<")[0]).exists() for w in where):
+            continue
+        user = f"the template's {point.name} ({', '.join(where)})"
+        found = []
+        for header, names in point.cpp_apis.items():
+            counts["cpp"] += len(names)
+            body = text(inc / header)
+            found += [(f"{header} (missing header)" if not body else f"{header}: {n}") for n in names if n not in body]
+        for source, names in point.python_sources.items():
+            counts["py"] += len(names)
+            body = text(pkg / source)
+            found += [(f"torch/{source} (missing)" if not body else f"torch/{source}: {n}") for n in names if n not in body]
+        counts["py"] += len(point.python_apis)
+        if probed_py is not None:
+            found += [n for n in point.python_apis if not probed_py.get(n, True)]
+        for subject in found:
+            if subject not in missing or not point.optional:
+                missing[subject] = (point.optional, user)
+    if probed_py is not None:
+        for name in PROBE_APIS:
+            if not probed_py.get(name, True):
+                missing[name] = (False, "backendgen check")
+    for subject in sorted(missing):
+        optional, user = missing[subject]
+        report.add("api", "warning" if optional else "error", subject,
+                   f"not found in the installed torch: {user} must be ported")
+    if not missing:
         report.add("api", "ok", "extension points",
-                   f"all {sum(map(len, CPP_APIS.values()))} C++ and {len(PY_APIS)} Python extension points present")
+                   f"all {counts['cpp']} C++ and {counts['py']} Python extension points present")
 
 
 def _check_extension(report: CheckReport, project: Project, probed: dict, stderr: str, returncode: int) -> set[str]:

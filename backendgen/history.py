@@ -5,7 +5,7 @@ one into the project (backendgen/update.py); for that it renders the older templ
 project's own answers. Users install a wheel, without this repository's git history, so each
 earlier version is stored here as a compressed tarball of the repository's `template/` directory
 at the last commit of that version: `backendgen/template_history/<N>.tar.gz`. The current version
-renders from the template itself (backendgen.render.template_dir).
+renders from the template itself (backendgen.manifest.template_dir).
 
 Whoever bumps the template to N+1 first snapshots N (tests/test_update.py fails until they do):
 
@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from backendgen import manifest
 from backendgen.errors import UserError
 
 HISTORY_DIR = Path(__file__).resolve().parent / "template_history"
@@ -34,9 +35,7 @@ _PREFIX = "template/"
 
 
 def current_version() -> int:
-    from backendgen.render import template_manifest
-
-    return int(template_manifest()["template_version"])
+    return manifest.load().template_version
 
 
 def snapshot_path(version: int) -> Path:
@@ -58,11 +57,9 @@ def template_of(version: int):
     """The template directory (with `cookiecutter.json`, `template.json`, `ops/`) of `version`:
     the installed template for the current version, an extracted snapshot for an earlier one
     (removed when the block ends)."""
-    from backendgen.render import template_dir
-
     current = current_version()
     if version == current:
-        yield template_dir()
+        yield manifest.template_dir()
         return
     if version > current:
         raise UserError(f"template {version} is newer than this backendgen's template {current}; upgrade backendgen")
@@ -107,10 +104,10 @@ def snapshot(version: int, commit: str, *, repo: Path | None = None) -> Path:
         for member in src.getmembers():
             if member.isfile():
                 files[member.name] = (src.extractfile(member).read(), member.mode & 0o111)
-    manifest = files.get("template/template.json")
-    if manifest is None:
-        raise UserError(f"{commit} has no template/template.json")
-    recorded = int(json.loads(manifest[0])["template_version"])
+    recorded_manifest = files.get(f"template/{manifest.MANIFEST_FILE}")
+    if recorded_manifest is None:
+        raise UserError(f"{commit} has no template/{manifest.MANIFEST_FILE}")
+    recorded = int(json.loads(recorded_manifest[0])["template_version"])
     if recorded != version:
         raise UserError(f"template/template.json at {commit} says template {recorded}, not {version}")
     HISTORY_DIR.mkdir(exist_ok=True)

@@ -16,23 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from backendgen.errors import OutputExistsError, UserError
+from backendgen.errors import OutputExistsError
+from backendgen.manifest import MANIFEST_FILE, template_dir
 from backendgen.project import METADATA_FILE
-
-
-def template_dir() -> Path:
-    """The template shipped in the wheel, or the repository's `template/` in a source checkout."""
-    here = Path(__file__).resolve().parent
-    override = os.environ.get("BACKENDGEN_TEMPLATE_DIR")  # for template developers
-    candidates = [Path(override)] if override else [here / "_template", here.parent / "template"]
-    for candidate in candidates:
-        if (candidate / "cookiecutter.json").is_file():
-            return candidate
-    raise UserError(f"backendgen's template is missing (looked in {here / '_template'}); reinstall backendgen")
-
-
-def template_manifest() -> dict:
-    return json.loads((template_dir() / "template.json").read_text())
 
 
 def check_destination(dest: Path, *, force: bool = False) -> None:
@@ -69,6 +55,12 @@ def render_into(staging: Path, context: dict[str, str], *, template: Path | None
 
     tpl = Path(template) if template is not None else template_dir()
     ctx = generate_context(context_file=str(tpl / "cookiecutter.json"), extra_context=context)
+    # keys cookiecutter.json does not default (the template and torch versions come from the
+    # manifest and the installed torch only), and the template's own manifest, whose integration
+    # points make the generated README's "What is where" table
+    for key, value in context.items():
+        ctx["cookiecutter"].setdefault(key, value)
+    ctx["cookiecutter"]["_manifest"] = json.loads((tpl / MANIFEST_FILE).read_text())
     cache = bytecode_cache()
     if cache is not None:  # cookiecutter passes these to its jinja2 Environment
         ctx["cookiecutter"]["_jinja2_env_vars"] = {"bytecode_cache": cache}

@@ -1,4 +1,5 @@
-"""Which torch versions backendgen supports: the policy in one place.
+"""Which torch versions backendgen supports: the policy. The versions themselves are written once,
+in the template's manifest (`torch.tested`, `torch.minimum` in template/template.json).
 
 - TESTED: the releases this repo's test suite proves end to end (tests/test_torch_matrix.py:
   generate, build, run the generated suite, add operators, check), each in a fresh virtualenv.
@@ -15,10 +16,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from backendgen import manifest
 from backendgen.errors import EnvironmentProblem
 
-TESTED = ("2.13.0", "2.14.1", "2.15.0")
-MINIMUM = "2.13.0"
+
+def tested() -> tuple[str, ...]:
+    return manifest.load().torch_tested
+
+
+def minimum() -> str:
+    return manifest.load().torch_minimum
+
+
+def __getattr__(name: str):
+    # support.TESTED and support.MINIMUM, read from the manifest when first asked for (not at
+    # import: a missing template is then the CLI's one-line error, not an import failure)
+    if name == "TESTED":
+        return tested()
+    if name == "MINIMUM":
+        return minimum()
+    raise AttributeError(name)
+
 
 _RELEASE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -41,7 +59,7 @@ class Support:
         """One line for an untested torch; None for a tested one."""
         if self.tested:
             return None
-        return (f"torch {self.version} has not been tested with this backendgen (tested: {', '.join(TESTED)}); "
+        return (f"torch {self.version} has not been tested with this backendgen (tested: {', '.join(tested())}); "
                 "proceeding — `backendgen check` reports what differs")
 
 
@@ -50,12 +68,12 @@ def torch_support(version: str) -> Support:
     whose version cannot be read), else say whether it is one of the TESTED releases."""
     rel = release(version)
     if rel is None:
-        raise EnvironmentProblem(f"cannot read torch's version {version!r}; reinstall torch (pip install torch=={TESTED[-1]})")
-    if rel < release(MINIMUM):
+        raise EnvironmentProblem(f"cannot read torch's version {version!r}; reinstall torch (pip install torch=={tested()[-1]})")
+    if rel < release(minimum()):
         raise EnvironmentProblem(
-            f"torch {version} is older than {MINIMUM}, the oldest torch whose extension points the template uses; "
-            f"pip install torch=={TESTED[-1]} (tested: {', '.join(TESTED)})"
+            f"torch {version} is older than {minimum()}, the oldest torch whose extension points the template uses; "
+            f"pip install torch=={tested()[-1]} (tested: {', '.join(tested())})"
         )
     # a local build tag (+cpu, +cu130) does not change what is tested; a pre-release does
     public = version.split("+", 1)[0]
-    return Support(version, tested=public in TESTED)
+    return Support(version, tested=public in tested())

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, api, kernelgen, naming
+from backendgen import __version__, api, kernelgen, manifest, naming
 from backendgen.errors import ProjectError, UserError
 from backendgen.history import current_version, template_of
 from backendgen.merge import has_markers, merge3
@@ -406,15 +406,14 @@ def sha256_of_text(text: str) -> str:
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:
-    """The records of the operators the current template registers itself (template.json builtin_ops),
-    and, for a project coming to a template with an autocast table (7 on), the template's table."""
-    from backendgen.render import template_manifest
-
-    manifest = template_manifest()
-    if "default_amp" in manifest and not isinstance(project.data.get("amp"), dict):
-        project.data["amp"] = {n: p for n, p in manifest["default_amp"].items() if db.get(n) is not None}
+    """The records of the operators the current template registers itself (the manifest's
+    integration points), and, for a project coming to a template with an autocast table, the
+    template's table."""
+    tpl = manifest.load()
+    if not isinstance(project.data.get("amp"), dict):
+        project.data["amp"] = {n: p for n, p in tpl.default_amp.items() if db.get(n) is not None}
     wanted = []
-    for name in manifest["builtin_ops"]:
+    for name in tpl.builtin_ops():
         op = db.get(f"aten::{name}") or db.get(name)
         if op is not None:
             wanted.append(op)

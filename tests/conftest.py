@@ -96,3 +96,16 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
         [sys.executable, "-m", "backendgen", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
         stdin=subprocess.DEVNULL,
     )
+
+
+def patch_integration_point(monkeypatch, name: str, change) -> None:
+    """Make `backendgen.manifest.load()` return the template's manifest with integration point
+    `name` changed: `change(point)` returns the fields to replace (e.g. an API no torch has)."""
+    import dataclasses
+
+    from backendgen import manifest
+
+    real = manifest.load()
+    points = tuple(dataclasses.replace(p, **change(p)) if p.name == name else p for p in real.integration_points)
+    assert points != real.integration_points, f"no integration point {name!r}"
+    monkeypatch.setattr(manifest, "load", lambda: dataclasses.replace(real, integration_points=points))

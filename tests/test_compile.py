@@ -7,10 +7,11 @@ from __future__ import annotations
 import re
 import shutil
 
-from backendgen import check as check_module
 from backendgen.check import check_project
 from backendgen.project import COMPILE_TESTS, Project
-from conftest import run_cli
+from conftest import patch_integration_point, run_cli
+
+COMMON = "_inductor/codegen/common.py"
 
 
 def _counts(log: str) -> dict[str, int]:
@@ -44,8 +45,9 @@ def test_check_names_a_missing_compile_extension_point(built_project, monkeypatc
     report = check_project(Project.load(built_project))
     assert not [f for f in report.findings if f.area == "api" and f.severity != "ok"]
     missing = "def register_backend_for_a_renamed_device"
-    monkeypatch.setitem(check_module.COMPILE_APIS, "_inductor/codegen/common.py",
-                        [*check_module.COMPILE_APIS["_inductor/codegen/common.py"], missing])
+    patch_integration_point(monkeypatch, "torch.compile",
+                            lambda point: {"python_sources": {**point.python_sources,
+                                                              COMMON: (*point.python_sources[COMMON], missing)}})
     report = check_project(Project.load(built_project))
     [finding] = [f for f in report.findings if f.area == "api" and f.severity != "ok"]
     assert finding.severity == "warning" and missing in finding.subject
@@ -54,7 +56,8 @@ def test_check_names_a_missing_compile_extension_point(built_project, monkeypatc
 
 
 def test_check_skips_the_compile_sources_for_a_project_without_compiler(built_project, tmp_path, monkeypatch):
-    monkeypatch.setitem(check_module.COMPILE_APIS, "_inductor/codegen/common.py", ["def not_in_any_torch"])
+    patch_integration_point(monkeypatch, "torch.compile",
+                            lambda point: {"python_sources": {**point.python_sources, COMMON: ("def not_in_any_torch",)}})
     root = tmp_path / "p"
     shutil.copytree(built_project, root, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     project = Project.load(root)

@@ -1,0 +1,146 @@
+"""The template's manifest (template/template.json, backendgen/manifest.py) against the template
+and the installed torch: fast, no build. A template change that forgets its manifest entry fails
+here, naming what was forgotten, rather than at a user's `backendgen check`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from backendgen import contract, manifest, support
+from backendgen.opdb import load_opdb
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def template_copy(tmp_path) -> Path:
+    dest = tmp_path / "template"
+    shutil.copytree(manifest.template_dir(), dest)
+    return dest
+
+
+def _edit_manifest(template: Path, change) -> None:
+    path = template / manifest.MANIFEST_FILE
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data, indent=2))
+
+
+def _point(data: dict, name: str) -> dict:
+    return next(p for p in data["integration_points"] if p["name"] == name)
+
+
+def test_the_template_keeps_its_manifest():
+    assert contract.audit() == []
+
+
+def test_every_api_the_manifest_names_exists_in_the_installed_torch():
+    torch_dir = load_opdb().info.torchgen_dir.parent / "torch"
+    assert contract.api_problems(manifest.load(), torch_dir) == []
+
+
+def test_a_new_source_file_without_a_manifest_entry_is_named(template_copy):
+    new = template_copy / contract.PROJECT_DIR / "csrc" / "runtime" / "event_pool.cpp"
+    new.write_text('#include "runtime/runtime.h"\n')
+    (template_copy / contract.PROJECT_DIR / "{{cookiecutter.package}}" / "tracing.py").write_text("")
+    # csrc/runtime/ has no entry of its own; the package folder has one (the device module)
+    assert contract.audit(template_copy) == [
+        "csrc/runtime/event_pool.cpp: no integration point owns it; add one to template.json (or the file to an entry)"
+    ]
+    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
+        {"name": "event pool", "paths": ["csrc/runtime/event_pool.cpp"], "about": "", "replace": "no"}))
+    assert contract.audit(template_copy) == []
+
+
+def test_a_registration_the_manifest_does_not_list_is_named(template_copy):
+    conv = template_copy / contract.PROJECT_DIR / "csrc" / "aten" / "convolution.cpp"
+    text = conv.read_text()
+    conv.write_text(text.replace('  m.impl("convolution_overrideable"',
+                                 '  m.impl("slow_conv2d_forward", TORCH_FN(f));\n  m.impl("convolution_overrideable"'))
+    (conv.parent / "fallback.cpp").write_text((conv.parent / "fallback.cpp").read_text() + "\nREGISTER_FOO_HOOK(x);\n")
+    assert sorted(contract.audit(template_copy)) == [
+        "CPU fallback: static registration REGISTER_FOO_HOOK is not in template.json",
+        "convolution: registers aten::slow_conv2d_forward at PrivateUse1, which template.json does not list",
+    ]
+
+
+def test_a_listed_registration_or_api_the_template_lacks_is_named(template_copy):
+    def change(d):
+        _point(d, "minimal operators")["registers"]["PrivateUse1"].append("aten::fill_.Scalar")
+        _point(d, "hooks")["cpp_apis"]["ATen/detail/PrivateUse1HooksInterface.h"].append("getPinnedMemoryAllocatorFor")
+        _point(d, "distributed")["defines"].append("{package}::all_to_all")
+        _point(d, "profiler")["paths"].append("csrc/runtime/tracer.cpp")
+
+    _edit_manifest(template_copy, change)
+    assert sorted(contract.audit(template_copy)) == [
+        "distributed: template.json lists the definition of {package}::all_to_all, which its files do not make",
+        "hooks: template.json names ATen/detail/PrivateUse1HooksInterface.h: getPinnedMemoryAllocatorFor, which its files do not use",
+        "minimal operators: template.json lists aten::fill_.Scalar at PrivateUse1, which its files do not register",
+        "profiler: csrc/runtime/tracer.cpp is in template.json but not in the template",
+    ]
+
+
+def test_registrations_are_read_from_the_cpp():
+    cpp = textwrap.dedent("""
+    // TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("commented_out", f); }
+    TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+      m.impl("add.out", TORCH_FN(add_out));  // m.impl("in_a_comment", g);
+    }
+    TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+      m.fallback(torch::CppFunction::makeFallthrough());
+    }
+    TORCH_LIBRARY_FRAGMENT({{ cookiecutter.package }}, m) {
+      m.def("host_view(Tensor(a) self) -> Tensor(a)", &host_view);
+    }
+    C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl)
+    """)
+    assert contract.registrations(cpp) == (
+        {"PrivateUse1": {"aten::add.out"}, "AutocastPrivateUse1": {"_::fallback"}},
+        {"{package}::host_view"},
+        {"C10_REGISTER_GUARD_IMPL"},
+    )
+
+
+def test_the_builtin_operators_exist_in_the_installed_torch():
+    db = load_opdb()
+    m = manifest.load()
+    assert [name for name in (*m.builtin_ops(), *m.default_ops, *m.default_amp) if db.get(name) is None] == []
+    assert {"empty.memory_format", "_copy_from", "normal_", "convolution_overrideable"} <= set(m.builtin_ops())
+
+
+def test_features_are_named_by_the_template_that_introduced_them():
+    m = manifest.load()
+    assert m.current_features == set(m.features)
+    assert "common_device" not in m.features_of(1) and "common_device" in m.features_of(2)
+    assert all(1 < f.since <= m.template_version for f in m.features.values())
+
+
+def test_the_supported_torch_versions_are_written_once():
+    m = manifest.load()
+    assert support.TESTED == m.torch_tested and support.MINIMUM == m.torch_minimum
+    # no module of backendgen spells a tested version itself
+    literal = re.compile("|".join(re.escape(f'"{v}"') for v in m.torch_tested))
+    assert [p.name for p in (REPO / "backendgen").rglob("*.py") if literal.search(p.read_text())] == []
+    # the README says what the manifest says
+    readme = (REPO / "README.md").read_text()
+    *head, last = m.torch_tested
+    assert f"Tested: **torch {', '.join(head)} and {last}**" in readme
+    assert f"The minimum is\n{m.torch_minimum}" in readme
+
+
+def test_the_generated_readme_lists_every_integration_point(rendered_project):
+    readme = (rendered_project / "README.md").read_text()
+    table = readme[readme.index("## What is where"):readme.index("Start with the driver")]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `")]
+    m = manifest.load()
+    assert len(rows) == len(m.integration_points)
+    package = json.loads((rendered_project / "backendgen.json").read_text())["package"]
+    for row, point in zip(rows, m.integration_points):
+        first = point.paths[0].replace("{package}", package)
+        assert row.startswith(f"| `{first}`") and "{" not in row, row
