@@ -6,7 +6,9 @@
 - a path of the manifest that is neither in the template nor a place backendgen generates into;
 - a registration in the C++ (`m.impl`, `m.fallback`, `m.def`, a static registration macro) that
   its integration point's entry does not list, or a listed one the C++ does not make;
-- a torch API an entry names that none of its files (or add-op's kernel templates) uses.
+- a torch API an entry names that none of its files (or add-op's kernel templates) uses;
+- a C++ file, or a folder backendgen generates C++ into, that no unity group of the template's
+  `setup.py` (`GROUPS`) compiles.
 
 `api_problems(manifest)` checks that every API the manifest names exists in the installed torch.
 tests/test_manifest.py runs both; `python -m backendgen.contract` prints them for the template.
@@ -14,6 +16,7 @@ tests/test_manifest.py runs both; `python -m backendgen.contract` prints them fo
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 import sys
@@ -92,6 +95,7 @@ def audit(template: Path | None = None) -> list[str]:
             pattern = path + "*" if path.endswith("/") else path
             if not any(fnmatch.fnmatchcase(f, pattern) for f in files):
                 problems.append(f"{point.name}: {path} is in {MANIFEST_FILE} but not in the template")
+    problems += _uncompiled(files, m)
     for point in m.integration_points:
         texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
         found_reg: dict[str, set[str]] = defaultdict(set)
@@ -123,6 +127,23 @@ def audit(template: Path | None = None) -> list[str]:
         problems += [f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
                      for n in point.python_apis if n.rsplit(".", 1)[-1] not in used]
     return problems
+
+
+def _uncompiled(files: dict[str, Path], m: Manifest) -> list[str]:
+    """C++ sources (the template's, and the folders backendgen writes into) no group of setup.py's
+    GROUPS compiles: a group entry is a folder under csrc/ (its own .cpp files) or one file."""
+    setup = files.get("setup.py")
+    found = re.search(r"^GROUPS = (\{.*?^\})", setup.read_text(), re.S | re.M) if setup else None
+    if found is None:
+        return ["setup.py: no GROUPS dict of unity groups"]
+    entries = {e for group in ast.literal_eval(found.group(1)).values() for e in group}
+    sources = [f.removeprefix("csrc/") for f in files if f.startswith("csrc/") and f.endswith(".cpp")]
+    folders = [v.removeprefix("csrc/") for v in m.paths.values() if v.startswith("csrc/") and not v.endswith(".cpp")]
+    registration = m.paths["registration"].removeprefix("csrc/")
+    return ([f"csrc/{f}: no unity group in setup.py's GROUPS compiles it" for f in sources + [registration]
+             if f not in entries and f.rsplit("/", 1)[0] not in entries] +
+            [f"csrc/{d}/: backendgen writes C++ there but no unity group in setup.py's GROUPS compiles it"
+             for d in folders if d not in entries])
 
 
 def api_problems(m: Manifest, torch_dir: Path) -> list[str]:

@@ -144,3 +144,12 @@ def test_the_generated_readme_lists_every_integration_point(rendered_project):
     for row, point in zip(rows, m.integration_points):
         first = point.paths[0].replace("{package}", package)
         assert row.startswith(f"| `{first}`") and "{" not in row, row
+
+
+def test_a_source_folder_no_unity_group_compiles_is_named(template_copy):
+    new = template_copy / contract.PROJECT_DIR / "csrc" / "collectives" / "ring.cpp"
+    new.parent.mkdir()
+    new.write_text("")
+    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
+        {"name": "ring", "paths": ["csrc/collectives/"], "about": "", "replace": "no"}))
+    assert contract.audit(template_copy) == ["csrc/collectives/ring.cpp: no unity group in setup.py's GROUPS compiles it"]
