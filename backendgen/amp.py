@@ -2,13 +2,13 @@
 
 It lives in backendgen.json (`"amp": {"mm": "lower_precision_fp", ...}`, seeded from
 template/template.json's `default_amp`) and the generated registration file registers it at
-AutocastPrivateUse1, each entry with a policy kernel of csrc/aten/autocast.cpp. Projects from
-template 7 on have it; older ones keep their lists in autocast.cpp.
+AutocastPrivateUse1, each entry with a policy kernel of csrc/aten/autocast.cpp. Projects whose
+template has the manifest's feature `amp_table` have it; older ones keep their lists in autocast.cpp.
 """
 
 from __future__ import annotations
 
-from backendgen.customop import FIRST_TEMPLATE
+from backendgen import manifest
 from backendgen.errors import ProjectError, UserError
 
 # PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
@@ -19,14 +19,15 @@ POLICIES = {
     "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",
     "none": "not in the table: the operator runs in the dtypes it is given",
 }
-TEST_FILE = "tests/test_amp_policies.py"
+TEST_FILE = manifest.load().path("amp_tests")
 
 
 def check_supported(template_version: int) -> None:
-    if template_version < FIRST_TEMPLATE:
+    tpl = manifest.load()
+    if "amp_table" not in tpl.features_of(template_version):
         raise ProjectError(
             f"this project is from template {template_version}: its autocast table is the list in csrc/aten/autocast.cpp "
-            f"(edit it there); `backendgen amp` needs template {FIRST_TEMPLATE} or newer: run backendgen update"
+            f"(edit it there); `backendgen amp` needs template {tpl.feature('amp_table').since} or newer: run backendgen update"
         )
 
 

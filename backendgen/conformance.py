@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import build
+from backendgen import build, manifest
 from backendgen.errors import ProjectError, TestFailure, UserError
 
-RUNNER = Path("tests/conformance/runner.py")
+RUNNER = Path(manifest.load().path("conformance_runner"))
 
 
 @dataclass
