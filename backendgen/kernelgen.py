@@ -7,14 +7,13 @@ borrow the geometry from). `render_kernel` and `render_test` fill the jinja temp
 `template/ops/` with the exact C++ signature from torchgen and a body that runs the CPU kernel on
 the device memory (zero-copy: the emulated device's memory is host memory). That body is where a
 hardware team calls its SDK. A view operator's body (`view_body`) computes only geometry: the CPU
-operator on a host alias, then `kernels::device_view` of the input. `render_registration` writes
-the one file that registers every generated kernel with the dispatcher.
+operator on a host alias, then `kernels::device_view` of the input. `registration_entry` is what
+the generated registration file (backendgen.registration) needs to know of each kernel.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,65 +428,6 @@ def registration_entry(plan: KernelPlan, *, device: str, op: Op | None = None) -
         "namespace": f"{device}::ops::{_kernel_namespace(plan.target)}",
         "function": op.cpp_name,
     }
-
-
-_SEAL = "// backendgen sha256: "
-
-
-def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
-                        amp: list[tuple[str, str]] = ()) -> str:
-    """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator,
-    the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the backend's
-    own operators (`custom`: backendgen.customop.CustomOp), autograd overrides (`overrides`:
-    backendgen.overrides.Override) and the autocast table (`amp`: (operator, policy) pairs).
-
-    The last line seals the file with the hash of the rest, so that a later run can tell a file it
-    may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
-    """
-    from backendgen import customop
-
-    entries = sorted(entries, key=lambda e: e["name"])
-    custom = sorted(custom, key=lambda c: c.name)
-    custom_view = [
-        {"namespace": c.cpp_namespace, "source": c.source, "schema": c.schema,
-         "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()]}
-        for c in custom
-    ]
-    impls = [(key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
-             for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
-    overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
-                      for o in sorted(overrides, key=lambda o: o.op.name)]
-    text = _env().get_template("registration.cpp.j2").render(
-        device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
-        custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
-        mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
-        overrides=overrides_view, amp=list(amp),
-    )
-    return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
-
-
-def fallback_registrations(db: OpDB, is_native) -> list[str]:
-    """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
-    kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
-
-    - the functional and in-place overloads of structured operators whose out= overload is not
-      native. Otherwise PyTorch's default kernel for them allocates the result on the device and
-      calls the out= overload through the fallback, running the meta function twice and warning
-      where the CPU does not ("An output with one or more elements was resized");
-    - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
-      addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
-      numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
-      last-bit difference in the mean)."""
-    structured = [name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
-                  for name in names]
-    composite = [name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")]
-    return sorted(set(structured + composite))
-
-
-def is_pristine_registration(text: str) -> bool:
-    """Whether `text` is a registration file exactly as backendgen wrote it."""
-    body, sep, seal = text.rstrip("\n").rpartition("\n" + _SEAL)
-    return bool(sep) and seal == hashlib.sha256((body + "\n").encode()).hexdigest()
 
 
 def opinfo_hints(op: Op) -> list[str]:
