@@ -415,7 +415,6 @@ def _extra_files(rec: dict) -> list[str]:
     return [f for f in (rec.get("source"), rec.get("autograd_source"), rec.get("python"), rec.get("test")) if f]
 
 
-
 def remove(project: Project, names: list[str], *, force: bool, autograd: bool) -> RemoveOpsResult:
     """api.remove_ops on a loaded project."""
     import shutil
