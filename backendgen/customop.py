@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from backendgen.errors import UserError
-from backendgen.opdb import Arg, Op
+from backendgen.opdb import Arg, ArgKind, Op
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 SOURCE_DIR = "csrc/custom_ops"
@@ -119,7 +119,7 @@ class CustomOp:
 
 
 def first_tensor(op: Op) -> Arg | None:
-    return next((a for a in op.args if a.schema_type == "Tensor" or a.schema_type.startswith("Tensor(")), None)
+    return next((a for a in op.args if a.kind.is_tensor), None)
 
 
 _SUPPORTED_ARGS = re.compile(
@@ -165,10 +165,8 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         for b in sig.arguments():
             sa = schema_args[b.name]
             ann = sa.annotation
-            args.append(Arg(
-                name=b.name, cpp_type=b.type, schema_type=str(sa.type) + (f"({ann})" if ann else ""),
-                is_write=bool(ann is not None and ann.is_write), is_out=sa in func.arguments.out, default=sa.default,
-            ))
+            args.append(Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""),
+                               is_out=sa in func.arguments.out))
         returns_cpp = sig.returns_type().cpp_type()
         signature = sig.defn(name="NAME")
     rets = []
@@ -314,14 +312,6 @@ def saved_argument(a: Arg, qualified: str) -> tuple[str, str]:
     return f"{slot} = {store.format(n=a.name)};", f"const auto {a.name} = {load.format(v=slot)};"
 
 
-def _is_tensor(a: Arg) -> bool:
-    return a.cpp_type in ("const at::Tensor &", "at::Tensor &")
-
-
-def _is_opt_tensor(a: Arg) -> bool:
-    return a.cpp_type == "const ::std::optional<at::Tensor> &"
-
-
 def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_") if p) + "Function"
 
@@ -401,8 +391,9 @@ def render_autograd(custom: CustomOp) -> str:
     saved, save_data, load_lines, leaf_lines, recompute = [], [], [], [], []
     n_saved = 0
     for i, a in enumerate(op.args):
-        if _is_tensor(a) or _is_opt_tensor(a):
-            saved.append(f"{a.name}.value_or(at::Tensor())" if _is_opt_tensor(a) else a.name)
+        if a.kind.host_aliased:
+            optional = a.kind is ArgKind.OPTIONAL_TENSOR
+            saved.append(f"{a.name}.value_or(at::Tensor())" if optional else a.name)
             idx = n_saved
             n_saved += 1
             wants = f"ctx->needs_input_grad({i}) && saved[{idx}].defined() && saved[{idx}].is_floating_point()"
@@ -415,7 +406,7 @@ def render_autograd(custom: CustomOp) -> str:
                 "}",
             ]
             recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
-                             if _is_opt_tensor(a) else a.name)
+                             if optional else a.name)
         else:
             save, load = saved_argument(a, custom.qualified)
             save_data.append(save)

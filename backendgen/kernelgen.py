@@ -7,20 +7,19 @@ borrow the geometry from). `render_kernel` and `render_test` fill the jinja temp
 `template/ops/` with the exact C++ signature from torchgen and a body that runs the CPU kernel on
 the device memory (zero-copy: the emulated device's memory is host memory). That body is where a
 hardware team calls its SDK. A view operator's body (`view_body`) computes only geometry: the CPU
-operator on a host alias, then `kernels::device_view` of the input. `render_registration` writes
-the one file that registers every generated kernel with the dispatcher.
+operator on a host alias, then `kernels::device_view` of the input. `registration_entry` is what
+the generated registration file (backendgen.registration) needs to know of each kernel.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen.errors import CompositeOpError, UserError
-from backendgen.opdb import Op, OpDB
+from backendgen.opdb import Arg, ArgKind, Op, OpDB
 
 K = "kernels"  # the namespace of csrc/aten/kernel_support.h inside the device namespace
 
@@ -91,16 +90,10 @@ def is_view(op: Op) -> bool:
     return any(_VIEW_RETURN.search(r) for r in op.returns)
 
 
-@functools.lru_cache(maxsize=256)
-def _aliased_argument(schema: str) -> str | None:
-    from torchgen.model import FunctionSchema
-
-    fs = FunctionSchema.parse(schema)
-    sets = {s for r in fs.returns if r.annotation is not None and not r.annotation.is_write for s in r.annotation.alias_set}
-    for a in fs.arguments.flat_all:
-        if a.annotation is not None and not a.annotation.is_write and sets & set(a.annotation.alias_set):
-            return a.name
-    return None
+def _aliased_argument(op: Op) -> Arg | None:
+    """The first argument that shares an alias set with a view return of `op`, without being written."""
+    sets = {s for r in op.returns if (m := _VIEW_RETURN.search(r)) for s in m.group()[1:-1].split("|")}
+    return next((a for a in op.args if not a.is_write and sets & set(a.alias_set)), None)
 
 
 def view_base(op: Op):
@@ -114,9 +107,8 @@ def view_base(op: Op):
                         f"(kernels for: {', '.join(op.dispatch_keys) or 'none'}); backendgen cannot write its view kernel")
     if "nested" in op.base:
         raise UserError(f"{op.qualified} returns a nested tensor view; backendgen writes view kernels for strided tensors only")
-    name = _aliased_argument(op.schema)
-    arg = next((a for a in op.args if a.name == name), None)
-    if arg is None or arg.cpp_type != "const at::Tensor &":
+    arg = _aliased_argument(op)
+    if arg is None or arg.kind is not ArgKind.TENSOR:
         raise UserError(f"{op.qualified}: its result aliases no single Tensor argument; backendgen cannot write its view kernel")
     return arg
 
@@ -130,7 +122,7 @@ def _functional(db: OpDB, target: Op) -> Op | None:
     for op in db.delegating_to(target):
         if op.kind != "functional" or op.meta_args is None:
             continue
-        plain_args = all(a.cpp_type not in _LISTS for a in op.args)
+        plain_args = not any(a.kind.is_list for a in op.args)
         tensors_out = op.returns_cpp == "at::Tensor" or re.fullmatch(r"::std::tuple<at::Tensor(,at::Tensor)+>", op.returns_cpp)
         if plain_args and tensors_out:
             return op
@@ -138,11 +130,6 @@ def _functional(db: OpDB, target: Op) -> Op | None:
 
 
 # --- the kernel body ---------------------------------------------------------------------------
-
-_TENSOR = {"const at::Tensor &", "at::Tensor &"}
-_OPT_TENSOR = "const ::std::optional<at::Tensor> &"
-_LISTS = {"at::TensorList", "const at::ITensorListRef &", "const c10::List<::std::optional<at::Tensor>> &"}
-
 
 @dataclass
 class Body:
@@ -185,16 +172,15 @@ def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
 
     `legacy`: for projects from template 1, whose kernel_support.h has no common_device: the
     device of the first tensor argument (or of a list's first tensor), unchecked."""
-    tensors = [a.name for a in op.args if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR or a.cpp_type in _LISTS]
+    tensors = [a.name for a in op.args if a.kind.holds_tensors]
     if not tensors:
         return []
     if legacy:
-        lists = ("at::TensorList", "const at::ITensorListRef &")
-        first = next((a for a in op.args if a.cpp_type in _TENSOR or a.cpp_type in lists), None)
+        first = next((a for a in op.args if a.kind.is_tensor or a.kind is ArgKind.TENSOR_LIST), None)
         if first is None:
             return []
         lines, name = [], first.name
-        if first.cpp_type in lists:
+        if first.kind is ArgKind.TENSOR_LIST:
             name = f"{first.name}_first"
             lines.append(f"at::Tensor {name} = {first.name}.size() ? *{first.name}.begin() : at::Tensor();")
         return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
@@ -212,20 +198,20 @@ def view_body(op: Op) -> Body:
     device tensor with it on the aliased argument's storage. Metadata only: no data moves, and no
     stream work is queued or waited for (no StreamScope), as a view on CUDA launches nothing."""
     base = view_base(op).name
-    tensors = [a.name for a in op.args if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR or a.cpp_type in _LISTS]
+    tensors = [a.name for a in op.args if a.kind.holds_tensors]
     setup = []
     if len(tensors) > 1:  # the device check a computing kernel makes; one tensor is on its own device
         setup.append(f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)});')
     prelude, call_args = [], []
     for a in op.args:
-        t, n = a.cpp_type, a.name
-        if t in _TENSOR or t == _OPT_TENSOR:
+        n = a.name
+        if a.kind.host_aliased:
             call_args.append(f"{K}::host_alias({n})")
-        elif t in _LISTS:
+        elif a.kind.is_list:
             prelude.append(f"auto {n}_h = {K}::host_alias({n});")
             call_args.append(f"{n}_h")
-        elif "Tensor" in t or "Device" in t:
-            raise UserError(f"{op.qualified}: argument {n} of C++ type {t} is not supported in a view kernel yet")
+        elif a.kind is not ArgKind.VALUE:  # devices, and tensors in other forms
+            raise UserError(f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported in a view kernel yet")
         else:
             call_args.append(n)
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
@@ -253,30 +239,30 @@ def kernel_body(op: Op, *, legacy: bool = False, callee: str | None = None) -> B
     writes: list[str] = []
     device_expr = "run_on" if setup else None
     for a in op.args:
-        t, n = a.cpp_type, a.name
-        if t in _TENSOR:
-            if a.is_write or t == "at::Tensor &":
+        k, n = a.kind, a.name
+        if k.is_tensor:
+            if a.is_write or k is ArgKind.MUTABLE_TENSOR:
                 prelude.append(f"at::Tensor {n}_h = {K}::host_alias({n});")
                 epilogue.append(f"{K}::write_back({n}, {n}_h);")
                 writes.append(n)
                 call_args.append(f"{n}_h")
             else:
                 call_args.append(f"{K}::host_alias({n})")
-        elif t == _OPT_TENSOR:
+        elif k is ArgKind.OPTIONAL_TENSOR:
             call_args.append(f"{K}::host_alias({n})")
-        elif t in _LISTS:
+        elif k.is_list:
             prelude.append(f"auto {n}_h = {K}::host_alias({n});")
             if a.is_write:
                 epilogue.append(f"for (size_t i = 0; i < {n}.size(); ++i) {K}::write_back({n}[i], {n}_h[i]);")
             call_args.append(f"{n}_h")
-        elif t == "::std::optional<at::Device>":
+        elif k is ArgKind.OPTIONAL_DEVICE:
             device_expr = f"{n}.value_or(c10::Device(c10::DeviceType::PrivateUse1))"
             call_args.append("::std::optional<at::Device>(at::kCPU)")
-        elif t == "at::Device":  # the CPU kernel runs on host aliases: it is told the CPU
+        elif k is ArgKind.DEVICE:  # the CPU kernel runs on host aliases: it is told the CPU
             device_expr = n
             call_args.append("at::Device(at::kCPU)")
-        elif "Tensor" in t:
-            raise UserError(f"{op.qualified}: argument {n} of C++ type {t} is not supported by the generator yet")
+        elif k is ArgKind.OTHER_TENSOR:
+            raise UserError(f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported by the generator yet")
         else:
             call_args.append(n)
     if device_expr is None:
@@ -337,7 +323,7 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
     outputs = 1 if f.returns_cpp == "at::Tensor" else len(_split_tuple(f.returns_cpp))
     moved = [f"std::move(op.device[{i}])" for i in range(outputs)]
     ret = moved[0] if outputs == 1 else f"{f.returns_cpp}({', '.join(moved)})"
-    host_args = [f"{K}::host_alias({a.name})" if a.cpp_type in _TENSOR or a.cpp_type == _OPT_TENSOR else a.name for a in f.args]
+    host_args = [f"{K}::host_alias({a.name})" if a.kind.host_aliased else a.name for a in f.args]
     host_fn = f"{f.cpp_name}_on_host"
     meta_args = list(f.meta_args or ())
     return FunctionalBody(
@@ -429,65 +415,6 @@ def registration_entry(plan: KernelPlan, *, device: str, op: Op | None = None) -
         "namespace": f"{device}::ops::{_kernel_namespace(plan.target)}",
         "function": op.cpp_name,
     }
-
-
-_SEAL = "// backendgen sha256: "
-
-
-def render_registration(entries: list[dict], *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
-                        amp: list[tuple[str, str]] = ()) -> str:
-    """csrc/aten/ops/generated/registration.cpp: one m.impl per generated kernel, sorted by operator,
-    the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the backend's
-    own operators (`custom`: backendgen.customop.CustomOp), autograd overrides (`overrides`:
-    backendgen.overrides.Override) and the autocast table (`amp`: (operator, policy) pairs).
-
-    The last line seals the file with the hash of the rest, so that a later run can tell a file it
-    may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by hand.
-    """
-    from backendgen import customop
-
-    entries = sorted(entries, key=lambda e: e["name"])
-    custom = sorted(custom, key=lambda c: c.name)
-    custom_view = [
-        {"namespace": c.cpp_namespace, "source": c.source, "schema": c.schema,
-         "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()]}
-        for c in custom
-    ]
-    impls = [(key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
-             for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
-    overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
-                      for o in sorted(overrides, key=lambda o: o.op.name)]
-    text = _env().get_template("registration.cpp.j2").render(
-        device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
-        custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
-        mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
-        overrides=overrides_view, amp=list(amp),
-    )
-    return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
-
-
-def fallback_registrations(db: OpDB, is_native) -> list[str]:
-    """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
-    kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
-
-    - the functional and in-place overloads of structured operators whose out= overload is not
-      native. Otherwise PyTorch's default kernel for them allocates the result on the device and
-      calls the out= overload through the fallback, running the meta function twice and warning
-      where the CPU does not ("An output with one or more elements was resized");
-    - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
-      addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
-      numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
-      last-bit difference in the mean)."""
-    structured = [name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
-                  for name in names]
-    composite = [name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")]
-    return sorted(set(structured + composite))
-
-
-def is_pristine_registration(text: str) -> bool:
-    """Whether `text` is a registration file exactly as backendgen wrote it."""
-    body, sep, seal = text.rstrip("\n").rpartition("\n" + _SEAL)
-    return bool(sep) and seal == hashlib.sha256((body + "\n").encode()).hexdigest()
 
 
 def opinfo_hints(op: Op) -> list[str]:

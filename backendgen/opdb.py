@@ -9,6 +9,7 @@ yaml's SHA-256. Nothing in this module imports torch itself.
 from __future__ import annotations
 
 import difflib
+import enum
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from backendgen.errors import EnvironmentProblem, UnknownOpError, UserError
 
-CACHE_FORMAT = 6
+CACHE_FORMAT = 7
 _OP_NAME = re.compile(r"^(?:aten::)?([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
 
 
@@ -58,6 +59,65 @@ def torch_info() -> TorchInfo:
     return TorchInfo(version, tg, yaml_path, tags_path, sha)
 
 
+class ArgKind(str, enum.Enum):
+    """What a dispatcher argument is to the code generators (kernelgen, customop, overrides), decided
+    once from torchgen's C++ type (`arg_kind`); generators branch on it, never on a C++ spelling."""
+
+    TENSOR = "tensor"  # const at::Tensor &
+    MUTABLE_TENSOR = "mutable_tensor"  # at::Tensor &
+    OPTIONAL_TENSOR = "optional_tensor"  # const ::std::optional<at::Tensor> &
+    TENSOR_LIST = "tensor_list"  # at::TensorList, const at::ITensorListRef &
+    OPTIONAL_TENSOR_LIST = "optional_tensor_list"  # const c10::List<::std::optional<at::Tensor>> &
+    DEVICE = "device"  # at::Device
+    OPTIONAL_DEVICE = "optional_device"  # ::std::optional<at::Device>
+    OTHER_DEVICE = "other_device"  # at::DeviceIndex: passed as it is, but no view kernel takes it
+    OTHER_TENSOR = "other_tensor"  # tensors in another form (::std::optional<at::Tensor> &, …): not supported
+    VALUE = "value"  # numbers, Scalars, dtypes, generators, strings, …: passed as they are
+
+    @property
+    def is_tensor(self) -> bool:
+        """One tensor, read or written."""
+        return self in (ArgKind.TENSOR, ArgKind.MUTABLE_TENSOR)
+
+    @property
+    def host_aliased(self) -> bool:
+        """One tensor or none: `kernels::host_alias(arg)` is its host alias."""
+        return self.is_tensor or self is ArgKind.OPTIONAL_TENSOR
+
+    @property
+    def is_list(self) -> bool:
+        return self in (ArgKind.TENSOR_LIST, ArgKind.OPTIONAL_TENSOR_LIST)
+
+    @property
+    def holds_tensors(self) -> bool:
+        """Tensors a kernel checks the devices of and runs on host aliases of."""
+        return self.host_aliased or self.is_list
+
+
+def arg_kind(ctype) -> ArgKind:
+    """The kind of a dispatcher argument of torchgen C++ type `ctype` (a `torchgen.api.types.CType`)."""
+    from torchgen.api.types import (BaseCType, ConstRefCType, ListCType, MutRefCType, OptionalCType, deviceT,
+                                    iTensorListRefT, tensorListT, tensorT)
+
+    tensor = BaseCType(tensorT)
+    kinds = {
+        ConstRefCType(tensor): ArgKind.TENSOR,
+        MutRefCType(tensor): ArgKind.MUTABLE_TENSOR,
+        ConstRefCType(OptionalCType(tensor)): ArgKind.OPTIONAL_TENSOR,
+        BaseCType(tensorListT): ArgKind.TENSOR_LIST,
+        ConstRefCType(BaseCType(iTensorListRefT)): ArgKind.TENSOR_LIST,
+        ConstRefCType(ListCType(OptionalCType(tensor))): ArgKind.OPTIONAL_TENSOR_LIST,
+        BaseCType(deviceT): ArgKind.DEVICE,
+        OptionalCType(BaseCType(deviceT)): ArgKind.OPTIONAL_DEVICE,
+    }
+    if ctype in kinds:
+        return kinds[ctype]
+    spelled = ctype.cpp_type()
+    if "Tensor" in spelled:
+        return ArgKind.OTHER_TENSOR
+    return ArgKind.OTHER_DEVICE if "Device" in spelled else ArgKind.VALUE
+
+
 @dataclass(frozen=True)
 class Arg:
     name: str
@@ -65,7 +125,20 @@ class Arg:
     schema_type: str  # as the schema spells it: "Tensor", "Tensor?[]", "SymInt[]", …
     is_write: bool  # the kernel mutates it (out= or in-place self)
     is_out: bool  # an out= argument
+    kind: ArgKind  # what it is to a generated kernel (from cpp_type's torchgen type)
     default: str | None = None
+    alias_set: tuple[str, ...] = ()  # its schema annotation's alias sets: ("a",) for Tensor(a) and Tensor(a!)
+
+    @classmethod
+    def of(cls, binding, schema_arg, *, schema_type: str, is_out: bool) -> Arg:
+        """The Arg of a torchgen dispatcher `binding` and its schema argument (torchgen.model.Argument)."""
+        ann = schema_arg.annotation if schema_arg is not None else None
+        return cls(
+            name=binding.name, cpp_type=binding.type, schema_type=schema_type,
+            is_write=bool(ann is not None and ann.is_write), is_out=is_out, kind=arg_kind(binding.nctype.type),
+            default=schema_arg.default if schema_arg is not None else None,
+            alias_set=tuple(ann.alias_set) if ann is not None else (),
+        )
 
 
 @dataclass(frozen=True)
@@ -164,16 +237,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
             args = []
             for b in sig.arguments():
                 sa = schema_args.get(b.name)
-                args.append(
-                    Arg(
-                        name=b.name,
-                        cpp_type=b.type,
-                        schema_type=str(sa.type) if sa else "",
-                        is_write=bool(sa is not None and sa.annotation is not None and sa.annotation.is_write),
-                        is_out=b.name in out_names,
-                        default=sa.default if sa is not None else None,
-                    )
-                )
+                args.append(Arg.of(b, sa, schema_type=str(sa.type) if sa else "", is_out=b.name in out_names))
             kind = f.func.kind()
             ops.append(
                 Op(
@@ -219,7 +283,7 @@ def cache_dir() -> Path:
 
 def _op_from_json(d: dict) -> Op:
     d = dict(d)
-    d["args"] = tuple(Arg(**a) for a in d["args"])
+    d["args"] = tuple(Arg(**{**a, "kind": ArgKind(a["kind"]), "alias_set": tuple(a["alias_set"])}) for a in d["args"])
     for k in ("returns", "dispatch_keys", "tags"):
         d[k] = tuple(d[k])
     if d.get("meta_args") is not None:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backendgen.customop import AUTOGRAD_DIR, _camel, _is_opt_tensor, _is_tensor, saved_argument
+from backendgen.customop import AUTOGRAD_DIR, _camel, saved_argument
 from backendgen.errors import UserError
-from backendgen.opdb import Op
+from backendgen.opdb import ArgKind, Op
 
 
 NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
@@ -65,9 +65,9 @@ def plan(op: Op, device: str) -> Override:
         raise UserError(f"{op.qualified} returns {', '.join(op.returns) or 'nothing'}: --autograd overrides "
                         "operators that return one new Tensor")
     for a in op.args:
-        if not (_is_tensor(a) or _is_opt_tensor(a)):
+        if not a.kind.host_aliased:
             saved_argument(a, op.qualified)  # refuses a type it cannot keep
-    if not any(_is_tensor(a) or _is_opt_tensor(a) for a in op.args):
+    if not any(a.kind.host_aliased for a in op.args):
         raise UserError(f"{op.qualified} takes no tensor: there is nothing to differentiate")
     return Override(op, device)
 
@@ -78,9 +78,10 @@ def render(ov: Override, *, torch_version: str) -> str:
     op = ov.op
     saved, save_data, load_lines, leaf_lines, recompute = [], [], [], [], []
     for i, a in enumerate(op.args):
-        if _is_tensor(a) or _is_opt_tensor(a):
+        if a.kind.host_aliased:
+            optional = a.kind is ArgKind.OPTIONAL_TENSOR
             idx = len(saved)
-            saved.append(f"{a.name}.value_or(at::Tensor())" if _is_opt_tensor(a) else a.name)
+            saved.append(f"{a.name}.value_or(at::Tensor())" if optional else a.name)
             wants = f"ctx->needs_input_grad({i}) && saved[{idx}].defined() && saved[{idx}].is_floating_point()"
             leaf_lines += [
                 f"at::Tensor {a.name} = saved[{idx}].defined() ? kernels::host_alias(saved[{idx}]).detach() : at::Tensor();",
@@ -92,7 +93,7 @@ def render(ov: Override, *, torch_version: str) -> str:
                 "}",
             ]
             recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
-                             if _is_opt_tensor(a) else a.name)
+                             if optional else a.name)
         else:
             save, load = customop.saved_argument(a, op.qualified)
             save_data.append(save)

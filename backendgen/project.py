@@ -173,8 +173,12 @@ class Project:
     def metadata_path(self) -> Path:
         return self.root / METADATA_FILE
 
+    def metadata_text(self) -> str:
+        """backendgen.json's text for `data`."""
+        return json.dumps(self.data, indent=2, sort_keys=False) + "\n"
+
     def save(self) -> None:
-        write_atomic(self.metadata_path, json.dumps(self.data, indent=2, sort_keys=False) + "\n")
+        write_atomic(self.metadata_path, self.metadata_text())
 
     @classmethod
     def load(cls, root: Path) -> Project:

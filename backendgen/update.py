@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, api, kernelgen, manifest, naming
+from backendgen import __version__, addop, kernelgen, manifest, naming
 from backendgen.errors import ProjectError, UserError
 from backendgen.history import current_version, template_of
 from backendgen.merge import has_markers, merge3
@@ -322,10 +323,10 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
             result.notes.append(f"{source}: {requested} is not in the installed torch; left as it is (backendgen check)")
             continue
         new_plan = kernelgen.plan_kernel(db, op, legacy=False)
-        if api._paths(new_plan)[0] != source:
+        if addop.kernel_paths(new_plan)[0] != source:
             result.notes.append(f"{source}: the current add-op writes {requested}'s kernel elsewhere; left as it is")
             continue
-        test = api._paths(new_plan)[1]
+        test = addop.kernel_paths(new_plan)[1]
         ours = plan.read(source)
         if ours is None:
             result.notes.append(f"{source} is recorded but missing; left missing (backendgen remove-op {requested})")
@@ -334,7 +335,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         recorded = recs[0].source_sha256
         base_plan = kernelgen.plan_kernel(db, op, legacy=old == 1)
         base, exact = kernel_base(project, db, op, source, ours, recorded, old=old, old_ops=old_ops, old_torch=old_torch)
-        unedited = recorded is not None and kernelgen.hashlib.sha256(ours.encode()).hexdigest() == recorded
+        unedited = recorded is not None and sha256_of_text(ours) == recorded
         if unedited:
             merge_file(plan, result, source, ours, theirs, labels, regenerated=True)
         else:
@@ -350,7 +351,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
                        kernelgen.render_test(new_plan, device=project.device, source_path=source), labels)
         for rec in recs:
             project.remove_op(rec.op)
-        for rec in api.op_records(project, db, new_plan, source_sha256=sha256_of_text(theirs)):
+        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_of_text(theirs)):
             project.add_op(rec)
     if plan.read(HARNESS) is not None:
         new_harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
@@ -402,7 +403,7 @@ def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
 
 
 def sha256_of_text(text: str) -> str:
-    return kernelgen.hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:
@@ -423,8 +424,7 @@ def refresh_template_records(project: Project, db: OpDB) -> None:
             project.remove_op(rec.op)
     for op in wanted:
         if project.find_op(op.qualified) is None:
-            project.add_op(OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source="csrc/aten",
-                                    origin="template", overloads=[o.qualified for o in db.overloads(op.base)]))
+            project.add_op(addop.template_record(db, op))
 
 
 # --- --torch ------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backendgen import kernelgen
+from backendgen import kernelgen, registration
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import load_opdb
 
@@ -116,7 +116,7 @@ def test_multi_output_functional_moves_each_result_to_the_device(db):
 def test_registration_registers_each_kernel_under_its_operator_name(db):
     plans = [kernelgen.plan_kernel(db, db.resolve(n)) for n in ("topk", "mul.Tensor")]
     entries = [kernelgen.registration_entry(p, device="npu") for p in plans]
-    text = kernelgen.render_registration(entries, device="npu")
+    text = registration.render(entries, device="npu")
     assert "#include <ATen/ops/topk_ops.h>" in text and "#include <ATen/ops/mul_ops.h>" in text
     assert "namespace npu::ops::topk_values {\nat::_ops::topk_values::schema topk_out_values;\n}" in text
     assert 'm.impl("mul.out", TORCH_FN(npu::ops::mul_out::mul_out_out));' in text
@@ -173,7 +173,7 @@ def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
     plan = kernelgen.plan_kernel(db, db.resolve("add.out"))
     entries = [kernelgen.registration_entry(plan, device="npu"),
                kernelgen.registration_entry(plan, device="npu", op=plan.functional)]
-    text = kernelgen.render_registration(entries, device="npu")
+    text = registration.render(entries, device="npu")
     assert 'm.impl("add.Tensor", TORCH_FN(npu::ops::add_out::add_Tensor));' in text
     assert 'm.impl("add.out", TORCH_FN(npu::ops::add_out::add_out_out));' in text
 
@@ -191,10 +191,10 @@ def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(d
 
 
 def test_structured_operators_without_a_native_out_form_fall_back_whole(db):
-    fallbacks = kernelgen.fallback_registrations(db, {"aten::add.out", "aten::addr"}.__contains__)
+    fallbacks = registration.fallback_registrations(db, {"aten::add.out", "aten::addr"}.__contains__)
     assert "native_layer_norm" in fallbacks and "addr" not in fallbacks  # CPU kernel over the composite unless native
     assert {"mse_loss", "sin", "sin_", "mul.Tensor", "mul_.Tensor"} <= set(fallbacks)
     assert "add.Tensor" not in fallbacks and "add_.Tensor" not in fallbacks  # add.out is native: they use it
     assert "sin.out" not in fallbacks  # out= forms of structured operators reach the boxed fallback anyway
-    text = kernelgen.render_registration([], device="npu", fallbacks=fallbacks)
+    text = registration.render([], device="npu", fallbacks=fallbacks)
     assert 'm.impl("mse_loss", cpu());' in text and "makeFromBoxedFunction<&npu::fallback::run_on_cpu>" in text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, history, kernelgen
+from backendgen import api, history, registration
 from backendgen.opdb import load_opdb
 from backendgen.project import REGISTRATION_FILE, Project, Transaction
 from conftest import run_cli, unique_device
@@ -123,17 +123,17 @@ def assert_on_current_template(root: Path) -> None:
     assert (root / "tests/test_semantics.py").is_file()
     assert (root / project.package / "compiler" / "inductor.py").is_file()
     assert (root / project.package / "ops" / "__init__.py").is_file()
-    registration = (root / REGISTRATION_FILE).read_text()
-    assert kernelgen.is_pristine_registration(registration)
+    registered = (root / REGISTRATION_FILE).read_text()
+    assert registration.is_pristine(registered)
     # template 7's autocast table: recorded, and registered by the generated file
     assert project.amp_table and project.amp_table.get("mm") == "lower_precision_fp"
-    assert "TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)" in registration
+    assert "TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)" in registered
     assert 'TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)' not in (root / "csrc/aten/autocast.cpp").read_text()
     # every kernel now has the current kernel shape: the structured one gained its functional kernel
     mse = (root / "csrc/aten/ops/mse_loss.cpp").read_text()
     assert "kernels::common_device(" in mse and project.find_op("aten::mse_loss") is not None
     abs_kernel = (root / KERNEL).read_text()
-    assert "kernels::common_device(\"aten::abs.out\"" in abs_kernel and not kernelgen.is_pristine_registration(abs_kernel)
+    assert "kernels::common_device(\"aten::abs.out\"" in abs_kernel and not registration.is_pristine(abs_kernel)
     for marker in ("<<<<<<<", ">>>>>>>"):
         assert not any(marker in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
 
