@@ -19,9 +19,10 @@ from pathlib import Path
 
 from backendgen import __version__, amp, build, customop, kernelgen, naming, overrides, render, support
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.files import sha256_of
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
-from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
+from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, REGISTRATION_FILE, OpRecord, Project, Transaction
 
 
 def _torch_note(version: str, rep: Reporter) -> str | None:

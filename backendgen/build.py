@@ -19,7 +19,6 @@ which writes a new record.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,14 +30,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
+from backendgen.files import replacing, sha256_of
 
 LOG_DIR = "build"
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # a stale build must not load into the build itself
+def _env(autoload: str | None = "0") -> dict[str, str]:
+    """The environment of the build's processes (autoload off: a stale build must not load into the
+    build itself), or the project's tests' (`_test_env`)."""
+    env = subprocess_env(autoload=autoload)
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     masq = ccache_dir()
@@ -46,7 +48,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PATH"] = f"{masq}{os.pathsep}{env.get('PATH', '')}"
     elif os.environ.get("BACKENDGEN_NO_CCACHE"):
         env["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch's cpp_extension prepends a ccache it finds on PATH itself
-    env.update(extra or {})
     return env
 
 
@@ -211,7 +212,7 @@ _BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARE
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_of(path)
     except OSError:
         return None
 
@@ -225,16 +226,11 @@ def _build_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _torch_install() -> dict[str, str | None]:
-    """The installed torch's version and directory, read without importing it."""
-    import importlib.metadata
-    import importlib.util
-
-    try:
-        version = importlib.metadata.version("torch")
-        spec = importlib.util.find_spec("torch")
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+    """The installed torch's version and directory, as the build record keeps them."""
+    torch = installed_torch()
+    if torch.version is None:
         return {"version": None, "dir": None}
-    return {"version": version, "dir": str(Path(spec.origin).parent) if spec and spec.origin else None}
+    return {"version": torch.version, "dir": None if torch.torch_dir is None else str(torch.torch_dir)}
 
 
 def _link_command(log_text: str) -> list[str] | None:
@@ -363,12 +359,8 @@ class BuildRecord:
         here = target.stat() if target.exists() else None
         built = library.stat()
         if here is None or (here.st_size, here.st_mtime_ns) != (built.st_size, built.st_mtime_ns):
-            tmp = target.with_name(f".{target.name}.tmp")
-            try:
+            with replacing(target) as tmp:
                 shutil.copy2(library, tmp)
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
 
 
 def editable_source(dist_name: str) -> Path | None:
@@ -424,9 +416,10 @@ _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
 _PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfE"]
 
 
-def _test_env() -> dict[str, str]:
-    env = _env()
-    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the tests use the backend as a user would
+def _test_env(autoload: str | None = None) -> dict[str, str]:
+    """The environment the project's tests run in: autoload unset (they use the backend as a user
+    would), or `autoload` while pytest waits for a build (build.tests_started_early)."""
+    env = _env(autoload=autoload)
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
@@ -452,30 +445,6 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test",
     return log
 
 
-# Imports torch and the modules named on its command line with autoload off (the backend's
-# library is still being built), then waits; on "go" it gives the tests the autoload setting they
-# run with and runs pytest in the same process, which imports the backend then: the new library.
-_WARM_RUNNER = r"""
-import importlib, json, os, sys
-args, preload, autoload = json.loads(sys.argv[1])
-os.nice(10)  # the compiler comes first
-import torch
-for name in preload:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass  # the test that needs it imports it again and reports the error
-if sys.stdin.readline().strip() != "go":
-    sys.exit(0)
-if autoload is None:
-    os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-else:
-    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = autoload
-import pytest
-sys.exit(pytest.main(args))
-"""
-
-
 @contextmanager
 def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
                         preload: tuple[str, ...] = ("torch.testing._internal.common_methods_invocations",)):
@@ -487,13 +456,12 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = _test_env()
-    autoload = env.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
-    cmd = [sys.executable, "-c", _WARM_RUNNER, json.dumps([[*_PYTEST_ARGS, *paths], list(preload), autoload])]
+    cmd = [sys.executable, "-m", "backendgen.programs.warm_pytest",
+           json.dumps({"preload": list(preload), "pytest": [*_PYTEST_ARGS, *paths]})]
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, cwd=root, env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), stdin=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=root, env=_test_env(autoload="0"), stdin=subprocess.PIPE,
                                 stdout=fh, stderr=subprocess.STDOUT, text=True)
 
     def run() -> Path:

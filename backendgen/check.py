@@ -18,7 +18,6 @@ started first, and the operator database loads while it runs.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, customop, support
+from backendgen.environment import subprocess_env
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
@@ -85,70 +85,6 @@ PY_APIS = [
     "torch.distributed.Backend.register_backend",
     "torch.distributed.ProcessGroupGloo",
 ]
-
-_PROBE = r"""
-import json, os, sys
-req = json.loads(sys.argv[1])
-out = {}
-import torch
-def emit(key, value):
-    print(json.dumps({key: value}), flush=True)
-
-apis = {}
-for path in req["py_apis"]:
-    obj, ok = torch, True
-    for part in path.split(".")[1:]:
-        if not hasattr(obj, part):
-            ok = False
-            break
-        obj = getattr(obj, part)
-    apis[path] = ok
-emit("py_apis", apis)
-
-schemas = {}
-for op, recorded in req["schemas"].items():
-    base, _, overload = op.removeprefix("aten::").partition(".")
-    entry = {}
-    try:
-        entry["recorded"] = str(torch._C.parse_schema(recorded))
-    except Exception as e:
-        entry["recorded_error"] = str(e)
-    try:
-        packet = getattr(torch.ops.aten, base)
-        entry["live"] = str(getattr(packet, overload or "default")._schema)
-    except (AttributeError, RuntimeError):
-        entry["live"] = None
-    schemas[op] = entry
-emit("schemas", schemas)
-
-try:
-    __import__(req["package"])
-except BaseException as e:
-    emit("load", {"ok": False, "type": type(e).__name__, "message": str(e)[:2000]})
-    sys.exit(0)
-dangling = [d for d in torch._C._dispatch_find_dangling_impls() if "PrivateUse1" in d]
-registered = sorted(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
-kernels = {}
-for op in req["ops"]:
-    try:
-        has = torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
-        table = torch._C._dispatch_dump_table(op)
-        line = next((ln for ln in table.splitlines() if ln.startswith("PrivateUse1")), "")
-    except RuntimeError:
-        has, line = False, ""
-    kernels[op] = {"has": has, "line": line}
-keyed = {}
-for op, keys in req.get("keys", {}).items():
-    keyed[op] = {}
-    for key in keys:
-        try:
-            keyed[op][key] = torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
-        except RuntimeError:
-            keyed[op][key] = False
-emit("load", {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels, "keyed": keyed,
-              "backend_name": torch._C._get_privateuse1_backend_name()})
-"""
-
 
 @dataclass
 class Finding:
@@ -273,12 +209,9 @@ def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
         "ops": [rec.op for rec in project.ops],
         "keys": _expected_keys(project),
     }
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join([str(project.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return subprocess.Popen(
-        [sys.executable, "-c", _PROBE, json.dumps(req)],
-        cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "backendgen.programs.probe", json.dumps(req)],
+        cwd=project.root, env=subprocess_env(autoload="0", pythonpath=project.root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
     )
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from backendgen.environment import subprocess_env
 from backendgen.errors import InvalidNameError
 
 MAX_LENGTH = 32
@@ -119,10 +120,8 @@ def torch_attribute_names() -> frozenset[str]:
         return frozenset(json.loads(path.read_text()))
     except (OSError, ValueError):
         pass
-    script = "import json, torch; print(json.dumps(sorted(n for n in dir(torch))))"
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=_no_autoload_env(), check=False
-    )
+    out = subprocess.run([sys.executable, "-m", "backendgen.programs.torch_names"], capture_output=True, text=True,
+                         env=subprocess_env(autoload="0"), check=False)
     if out.returncode != 0:
         from backendgen.errors import EnvironmentProblem
 
@@ -136,10 +135,3 @@ def torch_attribute_names() -> frozenset[str]:
         pass
     return frozenset(names)
 
-
-def _no_autoload_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    return env

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, api, kernelgen, naming
-from backendgen.errors import ProjectError, UserError
+from backendgen.errors import ProjectError
+from backendgen.files import sha256_text
 from backendgen.history import current_version, template_of
 from backendgen.merge import has_markers, merge3
 from backendgen.opdb import OpDB
-from backendgen.project import METADATA_FILE, REGISTRATION_FILE, OpRecord, Project, sha256_of
+from backendgen.project import METADATA_FILE, REGISTRATION_FILE, OpRecord, Project
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
 # kernel (sealed with its own hash; add-op refuses a hand-edited one) and the metadata file. The
@@ -334,7 +335,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         recorded = recs[0].source_sha256
         base_plan = kernelgen.plan_kernel(db, op, legacy=old == 1)
         base, exact = kernel_base(project, db, op, source, ours, recorded, old=old, old_ops=old_ops, old_torch=old_torch)
-        unedited = recorded is not None and kernelgen.hashlib.sha256(ours.encode()).hexdigest() == recorded
+        unedited = recorded is not None and sha256_text(ours) == recorded
         if unedited:
             merge_file(plan, result, source, ours, theirs, labels, regenerated=True)
         else:
@@ -350,7 +351,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
                        kernelgen.render_test(new_plan, device=project.device, source_path=source), labels)
         for rec in recs:
             project.remove_op(rec.op)
-        for rec in api.op_records(project, db, new_plan, source_sha256=sha256_of_text(theirs)):
+        for rec in api.op_records(project, db, new_plan, source_sha256=sha256_text(theirs)):
             project.add_op(rec)
     if plan.read(HARNESS) is not None:
         new_harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
@@ -367,7 +368,7 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
     changed between releases); without an exact one, the rendering closest to the project's file."""
     if recorded:
         for text in git_versions(project.root, source):
-            if sha256_of_text(text) == recorded:
+            if sha256_text(text) == recorded:
                 return text, True
     candidates = []
     for legacy in dict.fromkeys((old == 1, False, True)):
@@ -376,7 +377,7 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
             text = _try_render(kernelgen.render_kernel, plan, device=project.device, source_path=source,
                                torch_version=old_torch, ops_dir=ops_dir)
             if text is not None:
-                if recorded and sha256_of_text(text) == recorded:
+                if recorded and sha256_text(text) == recorded:
                     return text, True
                 candidates.append(text)
     ours_lines = ours.splitlines()
@@ -399,10 +400,6 @@ def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
             with contextlib.suppress(UnicodeDecodeError):
                 out.append(show.stdout.decode())
     return out
-
-
-def sha256_of_text(text: str) -> str:
-    return kernelgen.hashlib.sha256(text.encode()).hexdigest()
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:
@@ -484,7 +481,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
             continue
         text = plan.read(rec.source)
         recs = files.get(rec.source, [rec])
-        if text is not None and recs[0].source_sha256 and sha256_of_text(text) == recs[0].source_sha256:
+        if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
             # unedited: plan_kernels rewrites the whole file for the new torch
             fixes.append(TorchFix(rec.op, rec.source, "regenerated", f"{rec.signature} -> {op.signature}"))
             continue
