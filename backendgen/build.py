@@ -33,6 +33,7 @@ from pathlib import Path
 from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
 from backendgen.files import replacing, sha256_of
+from backendgen.textenum import TextEnum
 
 LOG_DIR = "build"
 
@@ -141,46 +142,61 @@ def extension_path(root: Path, package: str) -> Path | None:
     return found[0] if found else None
 
 
-FAST, SETUP_PY, PIP = "ninja and the link only", "setup.py build_ext --inplace", "pip install -e"
+class How(TextEnum):
+    """How a build went (the value is what `backendgen build` shows)."""
+
+    FAST = "ninja and the link only"
+    SETUP_PY = "setup.py build_ext --inplace"
+    PIP = "pip install -e"
+
+
+class Stale(TextEnum):
+    """Why the build record no longer allows the fast path (the value is shown after the build)."""
+
+    NOT_INSTALLED = "not built and installed from here yet"
+    FULL_REQUESTED = "full build requested"
+    NO_RECORD = "no record of an earlier build"
+    MOVED = "the project moved"
+    PYTHON = "another Python"
+    TORCH = "torch changed"
+    BUILD_ENV = "compiler settings in the environment changed"
+    INPUTS = "setup.py or pyproject.toml changed"
+    BUILD_NINJA = "build.ninja changed"
+    SOURCES = "a source file was added or removed"
 
 
 @dataclass
 class BuildOutcome:
     log: Path
-    how: str  # FAST, SETUP_PY or PIP
-    why_full: str | None = None  # why the fast path could not be taken
+    how: How
+    why_full: Stale | None = None  # why the fast path could not be taken
 
 
-def build(root: Path, package: str, dist_name: str, *, incremental: bool = True) -> Path:
-    """Build the project's extension in place; return the log path."""
-    return build_project(root, package, dist_name, incremental=incremental).log
-
-
-def build_project(root: Path, package: str, dist_name: str, *, incremental: bool = True,
-                  allow_fast: bool = True) -> BuildOutcome:
+def build(root: Path, package: str, dist_name: str, *, incremental: bool = True,
+          allow_fast: bool = True) -> BuildOutcome:
     """Build the project's extension in place: the fast path when the record allows it, else
     `setup.py build_ext --inplace` (or pip for a first build or `incremental=False`)."""
     check_toolchain()
     log = root / LOG_DIR / "backendgen-build.log"
     env = _env()
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
-    why = ("not built and installed from here yet" if not installed
-           else "full build requested" if not (incremental and allow_fast) else None)
+    why = (Stale.NOT_INSTALLED if not installed
+           else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None)
     if why is None:
         record = BuildRecord.load(root)
-        why = "no record of an earlier build" if record is None else record.stale_because(root, env)
-        if why == SOURCES_CHANGED and record.units_still_match(root, env):
+        why = Stale.NO_RECORD if record is None else record.stale_because(root, env)
+        if why is Stale.SOURCES and record.units_still_match(root, env):
             why = None  # e.g. add-op: a new kernel joins an existing unity file, which ninja recompiles
         if why is None:
             record.run(root, package, log, env)
-            return BuildOutcome(log, FAST)
+            return BuildOutcome(log, How.FAST)
     BuildRecord.forget(root)
     if incremental and installed:
         csrc = _csrc_files(root)
         proc = _run([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
-        return BuildOutcome(log, SETUP_PY, why)
+        return BuildOutcome(log, How.SETUP_PY, why)
     else:
         check_installable()
         csrc = _csrc_files(root)
@@ -189,7 +205,7 @@ def build_project(root: Path, package: str, dist_name: str, *, incremental: bool
                     root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
-        return BuildOutcome(log, PIP, why)
+        return BuildOutcome(log, How.PIP, why)
 
 
 def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
@@ -204,7 +220,6 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
 
 RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
 RECORD_FORMAT = 1
-SOURCES_CHANGED = "a source file was added or removed"
 # compiler settings setuptools and torch read from the environment: a change means a new build.ninja
 _BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS",
               "BACKENDGEN_NO_CCACHE", "TORCH_NO_COMPILER_WRAPPER")
@@ -300,17 +315,17 @@ class BuildRecord:
         link = self.data["link"]
         return link[link.index("-o") + 1]
 
-    def stale_because(self, root: Path, env: dict[str, str]) -> str | None:
+    def stale_because(self, root: Path, env: dict[str, str]) -> Stale | None:
         """Why this record no longer describes the build (None: the fast path is exact)."""
         d = self.data
         checks = [
-            (d.get("root") == str(root.resolve()), "the project moved"),
-            (d.get("python") == sys.executable, "another Python"),
-            (d.get("torch") == _torch_install(), "torch changed"),
-            (d.get("env") == _build_env(env), "compiler settings in the environment changed"),
-            (all(_sha256(root / n) == h for n, h in d.get("inputs", {}).items()), "setup.py or pyproject.toml changed"),
-            (_sha256(root / d.get("ninja_dir", "?") / "build.ninja") == d.get("build_ninja"), "build.ninja changed"),
-            (d.get("csrc") == _csrc_files(root), SOURCES_CHANGED),  # last: units_still_match relies on it
+            (d.get("root") == str(root.resolve()), Stale.MOVED),
+            (d.get("python") == sys.executable, Stale.PYTHON),
+            (d.get("torch") == _torch_install(), Stale.TORCH),
+            (d.get("env") == _build_env(env), Stale.BUILD_ENV),
+            (all(_sha256(root / n) == h for n, h in d.get("inputs", {}).items()), Stale.INPUTS),
+            (_sha256(root / d.get("ninja_dir", "?") / "build.ninja") == d.get("build_ninja"), Stale.BUILD_NINJA),
+            (d.get("csrc") == _csrc_files(root), Stale.SOURCES),  # last: units_still_match relies on it
         ]
         return next((why for ok, why in checks if not ok), None)
 

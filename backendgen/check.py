@@ -30,8 +30,47 @@ from backendgen.environment import subprocess_env
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
+from backendgen.textenum import TextEnum
 
-SEVERITIES = ("ok", "info", "warning", "error")
+
+
+class Severity(TextEnum):
+    """How bad a finding is: any error (or, with --strict, a warning) fails the check."""
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Area(TextEnum):
+    """The five areas of the module docstring."""
+
+    VERSIONS = "versions"
+    SCHEMA = "schema"
+    API = "api"
+    EXTENSION = "extension"
+    COVERAGE = "coverage"
+
+
+class Kind(TextEnum):
+    """What a finding is about (its detail's "kind"), for the code that reads findings back."""
+
+    ABI = "abi"
+    CRASH = "crash"
+    CUSTOM_SCHEMA = "custom_schema"
+    DANGLING = "dangling"
+    LOAD = "load"
+    MISSING_KERNEL = "missing_kernel"
+    NEW_OVERLOADS = "new_overloads"
+    PROBE = "probe"
+    REMOVED = "removed"
+    SCHEMA_CHANGED = "schema_changed"
+    SIGNATURE_CHANGED = "signature_changed"
+    TESTED = "tested"
+    TOO_OLD = "too_old"
+    UNCHANGED = "unchanged"
+    UNTESTED = "untested"
 
 # C++ extension points the template uses: header (under torch/include) -> names it must declare.
 CPP_APIS = {
@@ -88,8 +127,8 @@ PY_APIS = [
 
 @dataclass
 class Finding:
-    area: str
-    severity: str
+    area: Area
+    severity: Severity
     subject: str
     message: str
     detail: dict = field(default_factory=dict)
@@ -103,20 +142,19 @@ class CheckReport:
     coverage: dict = field(default_factory=dict)
     accepted: dict | None = None  # set by `check --accept` (api.check): what backendgen.json now records
 
-    def add(self, area: str, severity: str, subject: str, message: str, **detail) -> None:
-        assert severity in SEVERITIES
+    def add(self, area: Area, severity: Severity, subject: str, message: str, **detail) -> None:
         self.findings.append(Finding(area, severity, subject, message, detail))
 
-    def of(self, area: str) -> list[Finding]:
+    def of(self, area: Area) -> list[Finding]:
         return [f for f in self.findings if f.area == area]
 
     @property
     def errors(self) -> int:
-        return sum(f.severity == "error" for f in self.findings)
+        return sum(f.severity is Severity.ERROR for f in self.findings)
 
     @property
     def warnings(self) -> int:
-        return sum(f.severity == "warning" for f in self.findings)
+        return sum(f.severity is Severity.WARNING for f in self.findings)
 
     @property
     def exit_code(self) -> int:
@@ -159,43 +197,43 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
     for d in project.autograd_overrides:
         op = db.get(d["op"])
         if op is None or op.qualified != d["op"]:
-            report.add("schema", "error", d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
-                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind="removed")
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
+                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind=Kind.REMOVED)
         elif op.qualified_schema != d["schema"]:
             same = signature_types(d["signature"]) == signature_types(op.signature)
-            report.add("schema", "warning" if same else "error", d["op"],
+            report.add(Area.SCHEMA, Severity.WARNING if same else Severity.ERROR, d["op"],
                        f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
-                       kind="schema_changed" if same else "signature_changed", old=d["schema"], new=op.qualified_schema)
+                       kind=Kind.SCHEMA_CHANGED if same else Kind.SIGNATURE_CHANGED, old=d["schema"], new=op.qualified_schema)
     for d in project.custom_ops:
         if not d.get("signature"):
             continue
         try:
             c = customop.parse(project.device, d["op"], d["schema"], body=d.get("body"), autograd=bool(d.get("autograd")))
         except UserError as e:
-            report.add("schema", "error", d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
-                       kind="custom_schema")
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
+                       kind=Kind.CUSTOM_SCHEMA)
             continue
         now = c.op.signature.replace(" NAME(", f" {c.name}(", 1)
         if signature_types(now) != signature_types(d["signature"]):
-            report.add("schema", "error", d["op"],
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"],
                        f"torch {db.torch_version} types its schema differently: {d['signature']}  ->  {now}; "
-                       f"edit the kernels in {d['source']} to the new types", kind="signature_changed",
+                       f"edit the kernels in {d['source']} to the new types", kind=Kind.SIGNATURE_CHANGED,
                        old_signature=d["signature"], new_signature=now, source=d["source"])
     for name in (project.amp_table or {}):
         if db.get(name) is None:
-            report.add("schema", "error", f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
-                       f"backendgen amp set {name} none", kind="removed")
+            report.add(Area.SCHEMA, Severity.ERROR, f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
+                       f"backendgen amp set {name} none", kind=Kind.REMOVED)
     load = probed.get("load") or {}
     if not load.get("ok"):
         return
     for op, keys in load.get("keyed", {}).items():
         missing = [k for k, has in keys.items() if not has]
         if missing:
-            report.add("extension", "error", op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
-                       kind="missing_kernel")
+            report.add(Area.EXTENSION, Severity.ERROR, op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
+                       kind=Kind.MISSING_KERNEL)
     keyed = load.get("keyed", {})
     if project.custom_ops and all(all(keyed.get(d["op"], {}).values()) for d in project.custom_ops):
-        report.add("extension", "ok", f"{project.device}::*",
+        report.add(Area.EXTENSION, Severity.OK, f"{project.device}::*",
                    f"{len(project.custom_ops)} operator{'s' if len(project.custom_ops) != 1 else ''} of the backend "
                    "registered with all their kernels")
 
@@ -233,33 +271,33 @@ def _probe_results(proc: subprocess.Popen) -> tuple[dict, str, int]:
 def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
     recorded = project.torch_version
     if recorded == db.torch_version:
-        report.add("versions", "ok", "torch", f"generated for and running on torch {recorded}")
+        report.add(Area.VERSIONS, Severity.OK, "torch", f"generated for and running on torch {recorded}")
     else:
-        report.add("versions", "warning", "torch",
+        report.add(Area.VERSIONS, Severity.WARNING, "torch",
                    f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
                    "then backendgen check --accept",
                    recorded=recorded, installed=db.torch_version)
     try:
         policy = support.torch_support(db.torch_version)
     except EnvironmentProblem as e:
-        report.add("versions", "error", "support", str(e), kind="too_old")
+        report.add(Area.VERSIONS, Severity.ERROR, "support", str(e), kind=Kind.TOO_OLD)
     else:
         if policy.tested:
-            report.add("versions", "ok", "support", f"torch {db.torch_version} is a tested release", kind="tested")
+            report.add(Area.VERSIONS, Severity.OK, "support", f"torch {db.torch_version} is a tested release", kind=Kind.TESTED)
         else:
-            report.add("versions", "info", "support",
+            report.add(Area.VERSIONS, Severity.INFO, "support",
                        f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
-                       "the findings below say what differs from the torch the project was made for", kind="untested")
+                       "the findings below say what differs from the torch the project was made for", kind=Kind.UNTESTED)
     made_with = project.data.get("backendgen_version", "?")
-    sev = "ok" if made_with == __version__ else "info"
-    report.add("versions", sev, "backendgen",
+    sev = Severity.OK if made_with == __version__ else Severity.INFO
+    report.add(Area.VERSIONS, sev, "backendgen",
                f"generated by backendgen {made_with} (template {project.data.get('template_version', '?')}), "
                f"this is {__version__}")
 
 
 def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
     if project.yaml_sha256 == db.yaml_sha256:
-        report.add("schema", "ok", "native_functions.yaml",
+        report.add(Area.SCHEMA, Severity.OK, "native_functions.yaml",
                    f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas")
         return
     live = (probed or {}).get("schemas", {})
@@ -270,26 +308,26 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
             base = rec.op.removeprefix("aten::").split(".")[0]
             matches = db.close_matches(rec.op)
             hint = f"; close matches: {', '.join(matches)}" if matches else ""
-            report.add("schema", "error", rec.op,
+            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
-                       kind="removed", close_matches=matches, base=base)
+                       kind=Kind.REMOVED, close_matches=matches, base=base)
             continue
         recorded_c = entry.get("recorded", rec.schema)
         live_c = entry.get("live", op.qualified_schema)
         new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
         if rec.overloads and new_overloads:
-            report.add("schema", "info", rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
-                       kind="new_overloads", overloads=new_overloads)
+            report.add(Area.SCHEMA, Severity.INFO, rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
+                       kind=Kind.NEW_OVERLOADS, overloads=new_overloads)
         if recorded_c == live_c:
-            report.add("schema", "ok", rec.op, "unchanged", kind="unchanged")
+            report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=Kind.UNCHANGED)
         elif signature_types(rec.signature) == signature_types(op.signature):
-            report.add("schema", "warning", rec.op,
+            report.add(Area.SCHEMA, Severity.WARNING, rec.op,
                        "schema changed but the C++ kernel signature did not: check the kernel's semantics",
-                       kind="schema_changed", old=recorded_c, new=live_c)
+                       kind=Kind.SCHEMA_CHANGED, old=recorded_c, new=live_c)
         else:
-            report.add("schema", "error", rec.op,
+            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"kernel signature changed: {rec.signature}  ->  {op.signature}",
-                       kind="signature_changed", old=recorded_c, new=live_c,
+                       kind=Kind.SIGNATURE_CHANGED, old=recorded_c, new=live_c,
                        old_signature=rec.signature, new_signature=op.signature, source=rec.source)
 
 
@@ -360,12 +398,12 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
                                 if n not in text]
     if missing:
         for m in sorted(set(missing)):
-            report.add("api", "error", m, "not found in the installed torch: the template's code using it must be ported")
+            report.add(Area.API, Severity.ERROR, m, "not found in the installed torch: the template's code using it must be ported")
     for m in sorted(set(compile_missing)):
-        report.add("api", "warning", m, f"not found in the installed torch: torch.compile on the device "
+        report.add(Area.API, Severity.WARNING, m, f"not found in the installed torch: torch.compile on the device "
                                         f"({project.package}/compiler/) must be ported")
     if not missing and not compile_missing:
-        report.add("api", "ok", "extension points",
+        report.add(Area.API, Severity.OK, "extension points",
                    f"all {sum(map(len, CPP_APIS.values()))} C++ and {len(PY_APIS)} Python extension points present")
 
 
@@ -373,45 +411,45 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
     pkg_dir = project.root / project.package
     built = sorted(pkg_dir.glob("_C*.so"))
     if not built:
-        report.add("extension", "error", project.package, "not built: pip install --no-build-isolation -e .")
+        report.add(Area.EXTENSION, Severity.ERROR, project.package, "not built: pip install --no-build-isolation -e .")
         return set()
     sources = [p for p in (project.root / "csrc").rglob("*") if p.suffix in (".cpp", ".h")]
     newest = max((p.stat().st_mtime for p in sources), default=0)
     if newest > built[0].stat().st_mtime:
-        report.add("extension", "warning", built[0].name, "sources changed since the last build: rebuild")
+        report.add(Area.EXTENSION, Severity.WARNING, built[0].name, "sources changed since the last build: rebuild")
     load = probed.get("load")
     if load is None:
         if returncode < 0:
             sig = signal.Signals(-returncode).name
             tail = crash_summary(stderr)
-            report.add("extension", "error", project.package,
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
                        f"loading it killed the process ({sig}): the library is corrupt or a static registration "
-                       f"failed — rebuild{'; ' + tail if tail else ''}", kind="crash")
+                       f"failed — rebuild{'; ' + tail if tail else ''}", kind=Kind.CRASH)
         else:
             tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            report.add("extension", "error", project.package, f"could not be probed: {tail}", kind="probe")
+            report.add(Area.EXTENSION, Severity.ERROR, project.package, f"could not be probed: {tail}", kind=Kind.PROBE)
         return set()
     if not load["ok"]:
         msg = load["message"]
         if "undefined symbol" in msg:
-            report.add("extension", "error", project.package,
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
                        f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
-                       f"[{msg.splitlines()[0][:200]}]", kind="abi")
+                       f"[{msg.splitlines()[0][:200]}]", kind=Kind.ABI)
         else:
-            report.add("extension", "error", project.package,
-                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind="load")
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
+                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind=Kind.LOAD)
         return set()
-    report.add("extension", "ok", project.package, f"loads into torch as '{load['backend_name']}'")
+    report.add(Area.EXTENSION, Severity.OK, project.package, f"loads into torch as '{load['backend_name']}'")
     for d in load["dangling"]:
-        report.add("extension", "error", d.splitlines()[0][:200],
-                   "kernel registered for an operator that does not exist in this torch", kind="dangling")
+        report.add(Area.EXTENSION, Severity.ERROR, d.splitlines()[0][:200],
+                   "kernel registered for an operator that does not exist in this torch", kind=Kind.DANGLING)
     for op, k in load["kernels"].items():
         rec = project.find_op(op)
         if not k["has"]:
-            report.add("extension", "error", op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
-                       kind="missing_kernel")
+            report.add(Area.EXTENSION, Severity.ERROR, op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
+                       kind=Kind.MISSING_KERNEL)
         elif rec is not None and rec.origin == "add-op" and not _registered_here(k["line"], project, rec.source):
-            report.add("extension", "warning", op,
+            report.add(Area.EXTENSION, Severity.WARNING, op,
                        f"its PrivateUse1 kernel is not registered by {REGISTRATION_FILE} or {rec.source}: {k['line'][:160]}")
     return set(load["registered"])
 
@@ -436,7 +474,7 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
     native = [op for op in required if op.qualified in registered]
     fallback = [op for op in required if op.qualified not in registered]
     report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback)}
-    report.add("coverage", "info", "operators",
+    report.add(Area.COVERAGE, Severity.INFO, "operators",
                f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
                f"{len(fallback)} run through the CPU fallback", **report.coverage)
     if list_ops:
@@ -472,13 +510,13 @@ def render_report(report: CheckReport, out) -> None:
     """Show the report through `out` (a backendgen.output.Output): findings are outside text."""
     from backendgen.output import styled
 
-    colors = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
+    colors = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.ERROR: "red"}
     rows = []
     for f in report.findings:
-        if f.severity == "ok" and f.area == "schema" and f.detail.get("kind") == "unchanged":
+        if f.severity is Severity.OK and f.area is Area.SCHEMA and f.detail.get("kind") is Kind.UNCHANGED:
             continue  # one line per changed op is enough; unchanged ones are counted below
         rows.append([f.area, styled(f.severity, colors[f.severity]), f.subject, f.message])
-    unchanged = sum(1 for f in report.of("schema") if f.detail.get("kind") == "unchanged")
+    unchanged = sum(1 for f in report.of(Area.SCHEMA) if f.detail.get("kind") is Kind.UNCHANGED)
     if unchanged:
         rows.append(["schema", styled("ok", "green"), f"{unchanged} operators", "schemas unchanged"])
     out.table(["area", "", "subject", "finding"], rows)
