@@ -228,8 +228,8 @@ class Project:
 class Transaction:
     """Remembers files before they are written and puts them back if the block fails.
 
-    Files that did not exist are removed again. Used as a context manager; `commit()` keeps the
-    changes (also implied by leaving the block without an exception unless `keep=False`).
+    Files that did not exist are removed again. Used as a context manager: leaving the block with
+    an exception rolls back, leaving it normally keeps the changes; `rollback()` also undoes them.
     """
 
     def __init__(self, root: Path):
