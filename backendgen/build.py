@@ -32,7 +32,7 @@ from pathlib import Path
 
 from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
-from backendgen.files import replacing, sha256_of
+from backendgen.files import replacing, sha256_of, write_atomic
 from backendgen.textenum import TextEnum
 
 LOG_DIR = "build"
@@ -307,8 +307,11 @@ class BuildRecord:
             "build_ninja": _sha256(ninja_files[0]),
             "link": link,
         })
-        (root / RECORD).write_text(json.dumps(record.data, indent=1) + "\n")
+        record.save(root)
         return record
+
+    def save(self, root: Path) -> None:
+        write_atomic(root / RECORD, json.dumps(self.data, indent=1) + "\n")
 
     @property
     def library(self) -> str:
@@ -348,7 +351,7 @@ class BuildRecord:
         if compiled != wanted:
             return False
         self.data["csrc"] = _csrc_files(root)
-        (root / RECORD).write_text(json.dumps(self.data, indent=1) + "\n")
+        self.save(root)
         return True
 
     def run(self, root: Path, package: str, log: Path, env: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ Five areas, one finding per line:
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
 
-Everything that needs torch runs in ONE subprocess, which costs about one `import torch`; it is
+Everything that needs torch runs in ONE subprocess (`backendgen.programs.probe`), which costs about one `import torch`; it is
 started first, and the operator database loads while it runs.
 """
 

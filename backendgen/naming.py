@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from backendgen.environment import subprocess_env
 from backendgen.errors import InvalidNameError
+from backendgen.files import write_atomic
 
 MAX_LENGTH = 32
 _VALID = re.compile(r"^[a-z][a-z_]*$")  # torch.device() accepts no digits in a device type
@@ -129,9 +130,8 @@ def torch_attribute_names() -> frozenset[str]:
         raise EnvironmentProblem(f"cannot import torch: {last}")
     names = json.loads(out.stdout)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(names))
+        write_atomic(path, json.dumps(names))
     except OSError:
-        pass
+        pass  # an unwritable cache only costs time
     return frozenset(names)
 
