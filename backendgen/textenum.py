@@ -12,4 +12,5 @@ class TextEnum(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    __format__ = str.__format__
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
