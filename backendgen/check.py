@@ -11,8 +11,8 @@ Five areas, one finding per line:
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
 
-Everything that needs torch runs in ONE subprocess (`backendgen.programs.probe`), which costs about one `import torch`; it is
-started first, and the operator database loads while it runs.
+Everything that needs torch runs in ONE subprocess (`backendgen.programs.probe`), which costs about
+one `import torch`; it is started first, and the operator database loads while it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
 from backendgen.textenum import TextEnum
-
 
 
 class Severity(TextEnum):
