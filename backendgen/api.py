@@ -320,7 +320,7 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
 class BuildResult:
     root: Path
     log: Path
-    how: str  # build.FAST (only ninja and the link ran), build.SETUP_PY or build.PIP
+    how: build.How  # How.FAST: only ninja and the link ran
     why_full: str | None = None  # why setup.py (or pip) had to run
     tested: bool = False
 
@@ -336,7 +336,7 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
         build.check_test_tools()
     with project.lock():
         with rep.step("build"):
-            outcome = build.build_project(project.root, project.package, project.data["dist_name"], allow_fast=not full)
+            outcome = build.build(project.root, project.package, project.data["dist_name"], allow_fast=not full)
         result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)
         if test_it:
             with rep.step("test"):
@@ -601,10 +601,10 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                 project.data.pop("update", None)
             plan.write(REGISTRATION_FILE, registration.text(project, db))
             if REGISTRATION_FILE in plan.writes:
-                result.changes.append(upd.FileChange(REGISTRATION_FILE, "rewritten"))
+                result.changes.append(upd.FileChange(REGISTRATION_FILE, upd.Action.REWRITTEN))
             plan.write(METADATA_FILE, project.metadata_text())
             if METADATA_FILE in plan.writes:
-                result.changes.append(upd.FileChange(METADATA_FILE, "rewritten"))
+                result.changes.append(upd.FileChange(METADATA_FILE, upd.Action.REWRITTEN))
             result.diff = plan.diff()
         if dry_run or not plan.writes:
             if torch_signatures and not dry_run:

@@ -19,7 +19,6 @@ which writes a new record.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,14 +30,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
+from backendgen.files import replacing, sha256_of, write_atomic
+from backendgen.textenum import TextEnum
 
 LOG_DIR = "build"
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # a stale build must not load into the build itself
+def _env(autoload: str | None = "0") -> dict[str, str]:
+    """The environment of the build's processes (autoload off: a stale build must not load into the
+    build itself), or the project's tests' (`_test_env`)."""
+    env = subprocess_env(autoload=autoload)
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     masq = ccache_dir()
@@ -46,7 +49,6 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PATH"] = f"{masq}{os.pathsep}{env.get('PATH', '')}"
     elif os.environ.get("BACKENDGEN_NO_CCACHE"):
         env["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch's cpp_extension prepends a ccache it finds on PATH itself
-    env.update(extra or {})
     return env
 
 
@@ -140,46 +142,61 @@ def extension_path(root: Path, package: str) -> Path | None:
     return found[0] if found else None
 
 
-FAST, SETUP_PY, PIP = "ninja and the link only", "setup.py build_ext --inplace", "pip install -e"
+class How(TextEnum):
+    """How a build went (the value is what `backendgen build` shows)."""
+
+    FAST = "ninja and the link only"
+    SETUP_PY = "setup.py build_ext --inplace"
+    PIP = "pip install -e"
+
+
+class Stale(TextEnum):
+    """Why the build record no longer allows the fast path (the value is shown after the build)."""
+
+    NOT_INSTALLED = "not built and installed from here yet"
+    FULL_REQUESTED = "full build requested"
+    NO_RECORD = "no record of an earlier build"
+    MOVED = "the project moved"
+    PYTHON = "another Python"
+    TORCH = "torch changed"
+    BUILD_ENV = "compiler settings in the environment changed"
+    INPUTS = "setup.py or pyproject.toml changed"
+    BUILD_NINJA = "build.ninja changed"
+    SOURCES = "a source file was added or removed"
 
 
 @dataclass
 class BuildOutcome:
     log: Path
-    how: str  # FAST, SETUP_PY or PIP
-    why_full: str | None = None  # why the fast path could not be taken
+    how: How
+    why_full: Stale | None = None  # why the fast path could not be taken
 
 
-def build(root: Path, package: str, dist_name: str, *, incremental: bool = True) -> Path:
-    """Build the project's extension in place; return the log path."""
-    return build_project(root, package, dist_name, incremental=incremental).log
-
-
-def build_project(root: Path, package: str, dist_name: str, *, incremental: bool = True,
-                  allow_fast: bool = True) -> BuildOutcome:
+def build(root: Path, package: str, dist_name: str, *, incremental: bool = True,
+          allow_fast: bool = True) -> BuildOutcome:
     """Build the project's extension in place: the fast path when the record allows it, else
     `setup.py build_ext --inplace` (or pip for a first build or `incremental=False`)."""
     check_toolchain()
     log = root / LOG_DIR / "backendgen-build.log"
     env = _env()
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
-    why = ("not built and installed from here yet" if not installed
-           else "full build requested" if not (incremental and allow_fast) else None)
+    why = (Stale.NOT_INSTALLED if not installed
+           else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None)
     if why is None:
         record = BuildRecord.load(root)
-        why = "no record of an earlier build" if record is None else record.stale_because(root, env)
-        if why == SOURCES_CHANGED and record.units_still_match(root, env):
+        why = Stale.NO_RECORD if record is None else record.stale_because(root, env)
+        if why is Stale.SOURCES and record.units_still_match(root, env):
             why = None  # e.g. add-op: a new kernel joins an existing unity file, which ninja recompiles
         if why is None:
             record.run(root, package, log, env)
-            return BuildOutcome(log, FAST)
+            return BuildOutcome(log, How.FAST)
     BuildRecord.forget(root)
     if incremental and installed:
         csrc = _csrc_files(root)
         proc = _run([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
-        return BuildOutcome(log, SETUP_PY, why)
+        return BuildOutcome(log, How.SETUP_PY, why)
     else:
         check_installable()
         csrc = _csrc_files(root)
@@ -188,7 +205,7 @@ def build_project(root: Path, package: str, dist_name: str, *, incremental: bool
                     root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
-        return BuildOutcome(log, PIP, why)
+        return BuildOutcome(log, How.PIP, why)
 
 
 def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
@@ -203,7 +220,6 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
 
 RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
 RECORD_FORMAT = 1
-SOURCES_CHANGED = "a source file was added or removed"
 # compiler settings setuptools and torch read from the environment: a change means a new build.ninja
 _BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS",
               "BACKENDGEN_NO_CCACHE", "TORCH_NO_COMPILER_WRAPPER")
@@ -211,7 +227,7 @@ _BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARE
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_of(path)
     except OSError:
         return None
 
@@ -225,16 +241,11 @@ def _build_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _torch_install() -> dict[str, str | None]:
-    """The installed torch's version and directory, read without importing it."""
-    import importlib.metadata
-    import importlib.util
-
-    try:
-        version = importlib.metadata.version("torch")
-        spec = importlib.util.find_spec("torch")
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+    """The installed torch's version and directory, as the build record keeps them."""
+    torch = installed_torch()
+    if torch.version is None:
         return {"version": None, "dir": None}
-    return {"version": version, "dir": str(Path(spec.origin).parent) if spec and spec.origin else None}
+    return {"version": torch.version, "dir": None if torch.torch_dir is None else str(torch.torch_dir)}
 
 
 def _link_command(log_text: str) -> list[str] | None:
@@ -296,25 +307,28 @@ class BuildRecord:
             "build_ninja": _sha256(ninja_files[0]),
             "link": link,
         })
-        (root / RECORD).write_text(json.dumps(record.data, indent=1) + "\n")
+        record.save(root)
         return record
+
+    def save(self, root: Path) -> None:
+        write_atomic(root / RECORD, json.dumps(self.data, indent=1) + "\n")
 
     @property
     def library(self) -> str:
         link = self.data["link"]
         return link[link.index("-o") + 1]
 
-    def stale_because(self, root: Path, env: dict[str, str]) -> str | None:
+    def stale_because(self, root: Path, env: dict[str, str]) -> Stale | None:
         """Why this record no longer describes the build (None: the fast path is exact)."""
         d = self.data
         checks = [
-            (d.get("root") == str(root.resolve()), "the project moved"),
-            (d.get("python") == sys.executable, "another Python"),
-            (d.get("torch") == _torch_install(), "torch changed"),
-            (d.get("env") == _build_env(env), "compiler settings in the environment changed"),
-            (all(_sha256(root / n) == h for n, h in d.get("inputs", {}).items()), "setup.py or pyproject.toml changed"),
-            (_sha256(root / d.get("ninja_dir", "?") / "build.ninja") == d.get("build_ninja"), "build.ninja changed"),
-            (d.get("csrc") == _csrc_files(root), SOURCES_CHANGED),  # last: units_still_match relies on it
+            (d.get("root") == str(root.resolve()), Stale.MOVED),
+            (d.get("python") == sys.executable, Stale.PYTHON),
+            (d.get("torch") == _torch_install(), Stale.TORCH),
+            (d.get("env") == _build_env(env), Stale.BUILD_ENV),
+            (all(_sha256(root / n) == h for n, h in d.get("inputs", {}).items()), Stale.INPUTS),
+            (_sha256(root / d.get("ninja_dir", "?") / "build.ninja") == d.get("build_ninja"), Stale.BUILD_NINJA),
+            (d.get("csrc") == _csrc_files(root), Stale.SOURCES),  # last: units_still_match relies on it
         ]
         return next((why for ok, why in checks if not ok), None)
 
@@ -337,7 +351,7 @@ class BuildRecord:
         if compiled != wanted:
             return False
         self.data["csrc"] = _csrc_files(root)
-        (root / RECORD).write_text(json.dumps(self.data, indent=1) + "\n")
+        self.save(root)
         return True
 
     def run(self, root: Path, package: str, log: Path, env: dict[str, str]) -> None:
@@ -363,12 +377,8 @@ class BuildRecord:
         here = target.stat() if target.exists() else None
         built = library.stat()
         if here is None or (here.st_size, here.st_mtime_ns) != (built.st_size, built.st_mtime_ns):
-            tmp = target.with_name(f".{target.name}.tmp")
-            try:
+            with replacing(target) as tmp:
                 shutil.copy2(library, tmp)
-                os.replace(tmp, target)
-            finally:
-                tmp.unlink(missing_ok=True)
 
 
 def editable_source(dist_name: str) -> Path | None:
@@ -424,9 +434,10 @@ _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
 _PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfE"]
 
 
-def _test_env() -> dict[str, str]:
-    env = _env()
-    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the tests use the backend as a user would
+def _test_env(autoload: str | None = None) -> dict[str, str]:
+    """The environment the project's tests run in: autoload unset (they use the backend as a user
+    would), or `autoload` while pytest waits for a build (build.tests_started_early)."""
+    env = _env(autoload=autoload)
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
@@ -452,30 +463,6 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test",
     return log
 
 
-# Imports torch and the modules named on its command line with autoload off (the backend's
-# library is still being built), then waits; on "go" it gives the tests the autoload setting they
-# run with and runs pytest in the same process, which imports the backend then: the new library.
-_WARM_RUNNER = r"""
-import importlib, json, os, sys
-args, preload, autoload = json.loads(sys.argv[1])
-os.nice(10)  # the compiler comes first
-import torch
-for name in preload:
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass  # the test that needs it imports it again and reports the error
-if sys.stdin.readline().strip() != "go":
-    sys.exit(0)
-if autoload is None:
-    os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-else:
-    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = autoload
-import pytest
-sys.exit(pytest.main(args))
-"""
-
-
 @contextmanager
 def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
                         preload: tuple[str, ...] = ("torch.testing._internal.common_methods_invocations",)):
@@ -487,13 +474,12 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = _test_env()
-    autoload = env.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
-    cmd = [sys.executable, "-c", _WARM_RUNNER, json.dumps([[*_PYTEST_ARGS, *paths], list(preload), autoload])]
+    cmd = [sys.executable, "-m", "backendgen.programs.warm_pytest",
+           json.dumps({"preload": list(preload), "pytest": [*_PYTEST_ARGS, *paths]})]
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, cwd=root, env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), stdin=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=root, env=_test_env(autoload="0"), stdin=subprocess.PIPE,
                                 stdout=fh, stderr=subprocess.STDOUT, text=True)
 
     def run() -> Path:

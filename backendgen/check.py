@@ -12,14 +12,13 @@ Five areas, one finding per line:
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
 
-Everything that needs torch runs in ONE subprocess, which costs about one `import torch`; it is
-started first, and the operator database loads while it runs.
+Everything that needs torch runs in ONE subprocess (`backendgen.programs.probe`), which costs about
+one `import torch`; it is started first, and the operator database loads while it runs.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -28,11 +27,50 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, customop, manifest, support
+from backendgen.environment import subprocess_env
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
+from backendgen.textenum import TextEnum
 
-SEVERITIES = ("ok", "info", "warning", "error")
+
+class Severity(TextEnum):
+    """How bad a finding is: any error (or, with --strict, a warning) fails the check."""
+
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Area(TextEnum):
+    """The five areas of the module docstring."""
+
+    VERSIONS = "versions"
+    SCHEMA = "schema"
+    API = "api"
+    EXTENSION = "extension"
+    COVERAGE = "coverage"
+
+
+class Kind(TextEnum):
+    """What a finding is about (its detail's "kind"), for the code that reads findings back."""
+
+    ABI = "abi"
+    CRASH = "crash"
+    CUSTOM_SCHEMA = "custom_schema"
+    DANGLING = "dangling"
+    LOAD = "load"
+    MISSING_KERNEL = "missing_kernel"
+    NEW_OVERLOADS = "new_overloads"
+    PROBE = "probe"
+    REMOVED = "removed"
+    SCHEMA_CHANGED = "schema_changed"
+    SIGNATURE_CHANGED = "signature_changed"
+    TESTED = "tested"
+    TOO_OLD = "too_old"
+    UNCHANGED = "unchanged"
+    UNTESTED = "untested"
 
 # What check itself needs of torch besides the template's extension points (the manifest's).
 PROBE_APIS = ("torch._C._dispatch_find_dangling_impls",)
@@ -44,74 +82,10 @@ def python_apis() -> list[str]:
     return list(dict.fromkeys([*names, *PROBE_APIS]))
 
 
-_PROBE = r"""
-import json, os, sys
-req = json.loads(sys.argv[1])
-out = {}
-import torch
-def emit(key, value):
-    print(json.dumps({key: value}), flush=True)
-
-apis = {}
-for path in req["py_apis"]:
-    obj, ok = torch, True
-    for part in path.split(".")[1:]:
-        if not hasattr(obj, part):
-            ok = False
-            break
-        obj = getattr(obj, part)
-    apis[path] = ok
-emit("py_apis", apis)
-
-schemas = {}
-for op, recorded in req["schemas"].items():
-    base, _, overload = op.removeprefix("aten::").partition(".")
-    entry = {}
-    try:
-        entry["recorded"] = str(torch._C.parse_schema(recorded))
-    except Exception as e:
-        entry["recorded_error"] = str(e)
-    try:
-        packet = getattr(torch.ops.aten, base)
-        entry["live"] = str(getattr(packet, overload or "default")._schema)
-    except (AttributeError, RuntimeError):
-        entry["live"] = None
-    schemas[op] = entry
-emit("schemas", schemas)
-
-try:
-    __import__(req["package"])
-except BaseException as e:
-    emit("load", {"ok": False, "type": type(e).__name__, "message": str(e)[:2000]})
-    sys.exit(0)
-dangling = [d for d in torch._C._dispatch_find_dangling_impls() if "PrivateUse1" in d]
-registered = sorted(torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1"))
-kernels = {}
-for op in req["ops"]:
-    try:
-        has = torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
-        table = torch._C._dispatch_dump_table(op)
-        line = next((ln for ln in table.splitlines() if ln.startswith("PrivateUse1")), "")
-    except RuntimeError:
-        has, line = False, ""
-    kernels[op] = {"has": has, "line": line}
-keyed = {}
-for op, keys in req.get("keys", {}).items():
-    keyed[op] = {}
-    for key in keys:
-        try:
-            keyed[op][key] = torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
-        except RuntimeError:
-            keyed[op][key] = False
-emit("load", {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels, "keyed": keyed,
-              "backend_name": torch._C._get_privateuse1_backend_name()})
-"""
-
-
 @dataclass
 class Finding:
-    area: str
-    severity: str
+    area: Area
+    severity: Severity
     subject: str
     message: str
     detail: dict = field(default_factory=dict)
@@ -125,20 +99,19 @@ class CheckReport:
     coverage: dict = field(default_factory=dict)
     accepted: dict | None = None  # set by `check --accept` (api.check): what backendgen.json now records
 
-    def add(self, area: str, severity: str, subject: str, message: str, **detail) -> None:
-        assert severity in SEVERITIES
+    def add(self, area: Area, severity: Severity, subject: str, message: str, **detail) -> None:
         self.findings.append(Finding(area, severity, subject, message, detail))
 
-    def of(self, area: str) -> list[Finding]:
+    def of(self, area: Area) -> list[Finding]:
         return [f for f in self.findings if f.area == area]
 
     @property
     def errors(self) -> int:
-        return sum(f.severity == "error" for f in self.findings)
+        return sum(f.severity is Severity.ERROR for f in self.findings)
 
     @property
     def warnings(self) -> int:
-        return sum(f.severity == "warning" for f in self.findings)
+        return sum(f.severity is Severity.WARNING for f in self.findings)
 
     @property
     def exit_code(self) -> int:
@@ -181,43 +154,43 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
     for d in project.autograd_overrides:
         op = db.get(d["op"])
         if op is None or op.qualified != d["op"]:
-            report.add("schema", "error", d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
-                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind="removed")
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
+                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind=Kind.REMOVED)
         elif op.qualified_schema != d["schema"]:
             same = signature_types(d["signature"]) == signature_types(op.signature)
-            report.add("schema", "warning" if same else "error", d["op"],
+            report.add(Area.SCHEMA, Severity.WARNING if same else Severity.ERROR, d["op"],
                        f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
-                       kind="schema_changed" if same else "signature_changed", old=d["schema"], new=op.qualified_schema)
+                       kind=Kind.SCHEMA_CHANGED if same else Kind.SIGNATURE_CHANGED, old=d["schema"], new=op.qualified_schema)
     for d in project.custom_ops:
         if not d.get("signature"):
             continue
         try:
             c = customop.parse(project.device, d["op"], d["schema"], body=d.get("body"), autograd=bool(d.get("autograd")))
         except UserError as e:
-            report.add("schema", "error", d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
-                       kind="custom_schema")
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
+                       kind=Kind.CUSTOM_SCHEMA)
             continue
         now = c.op.signature.replace(" NAME(", f" {c.name}(", 1)
         if signature_types(now) != signature_types(d["signature"]):
-            report.add("schema", "error", d["op"],
+            report.add(Area.SCHEMA, Severity.ERROR, d["op"],
                        f"torch {db.torch_version} types its schema differently: {d['signature']}  ->  {now}; "
-                       f"edit the kernels in {d['source']} to the new types", kind="signature_changed",
+                       f"edit the kernels in {d['source']} to the new types", kind=Kind.SIGNATURE_CHANGED,
                        old_signature=d["signature"], new_signature=now, source=d["source"])
     for name in (project.amp_table or {}):
         if db.get(name) is None:
-            report.add("schema", "error", f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
-                       f"backendgen amp set {name} none", kind="removed")
+            report.add(Area.SCHEMA, Severity.ERROR, f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
+                       f"backendgen amp set {name} none", kind=Kind.REMOVED)
     load = probed.get("load") or {}
     if not load.get("ok"):
         return
     for op, keys in load.get("keyed", {}).items():
         missing = [k for k, has in keys.items() if not has]
         if missing:
-            report.add("extension", "error", op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
-                       kind="missing_kernel")
+            report.add(Area.EXTENSION, Severity.ERROR, op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
+                       kind=Kind.MISSING_KERNEL)
     keyed = load.get("keyed", {})
     if project.custom_ops and all(all(keyed.get(d["op"], {}).values()) for d in project.custom_ops):
-        report.add("extension", "ok", f"{project.device}::*",
+        report.add(Area.EXTENSION, Severity.OK, f"{project.device}::*",
                    f"{len(project.custom_ops)} operator{'s' if len(project.custom_ops) != 1 else ''} of the backend "
                    "registered with all their kernels")
 
@@ -231,12 +204,9 @@ def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
         "ops": [rec.op for rec in project.ops],
         "keys": _expected_keys(project),
     }
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    env["PYTHONPATH"] = os.pathsep.join([str(project.root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return subprocess.Popen(
-        [sys.executable, "-c", _PROBE, json.dumps(req)],
-        cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        [sys.executable, "-m", "backendgen.programs.probe", json.dumps(req)],
+        cwd=project.root, env=subprocess_env(autoload="0", pythonpath=project.root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
     )
 
 
@@ -258,33 +228,33 @@ def _probe_results(proc: subprocess.Popen) -> tuple[dict, str, int]:
 def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
     recorded = project.torch_version
     if recorded == db.torch_version:
-        report.add("versions", "ok", "torch", f"generated for and running on torch {recorded}")
+        report.add(Area.VERSIONS, Severity.OK, "torch", f"generated for and running on torch {recorded}")
     else:
-        report.add("versions", "warning", "torch",
+        report.add(Area.VERSIONS, Severity.WARNING, "torch",
                    f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
                    "then backendgen check --accept",
                    recorded=recorded, installed=db.torch_version)
     try:
         policy = support.torch_support(db.torch_version)
     except EnvironmentProblem as e:
-        report.add("versions", "error", "support", str(e), kind="too_old")
+        report.add(Area.VERSIONS, Severity.ERROR, "support", str(e), kind=Kind.TOO_OLD)
     else:
         if policy.tested:
-            report.add("versions", "ok", "support", f"torch {db.torch_version} is a tested release", kind="tested")
+            report.add(Area.VERSIONS, Severity.OK, "support", f"torch {db.torch_version} is a tested release", kind=Kind.TESTED)
         else:
-            report.add("versions", "info", "support",
+            report.add(Area.VERSIONS, Severity.INFO, "support",
                        f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
-                       "the findings below say what differs from the torch the project was made for", kind="untested")
+                       "the findings below say what differs from the torch the project was made for", kind=Kind.UNTESTED)
     made_with = project.data.get("backendgen_version", "?")
-    sev = "ok" if made_with == __version__ else "info"
-    report.add("versions", sev, "backendgen",
+    sev = Severity.OK if made_with == __version__ else Severity.INFO
+    report.add(Area.VERSIONS, sev, "backendgen",
                f"generated by backendgen {made_with} (template {project.data.get('template_version', '?')}), "
                f"this is {__version__}")
 
 
 def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
     if project.yaml_sha256 == db.yaml_sha256:
-        report.add("schema", "ok", "native_functions.yaml",
+        report.add(Area.SCHEMA, Severity.OK, "native_functions.yaml",
                    f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas")
         return
     live = (probed or {}).get("schemas", {})
@@ -295,26 +265,26 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
             base = rec.op.removeprefix("aten::").split(".")[0]
             matches = db.close_matches(rec.op)
             hint = f"; close matches: {', '.join(matches)}" if matches else ""
-            report.add("schema", "error", rec.op,
+            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
-                       kind="removed", close_matches=matches, base=base)
+                       kind=Kind.REMOVED, close_matches=matches, base=base)
             continue
         recorded_c = entry.get("recorded", rec.schema)
         live_c = entry.get("live", op.qualified_schema)
         new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
         if rec.overloads and new_overloads:
-            report.add("schema", "info", rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
-                       kind="new_overloads", overloads=new_overloads)
+            report.add(Area.SCHEMA, Severity.INFO, rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
+                       kind=Kind.NEW_OVERLOADS, overloads=new_overloads)
         if recorded_c == live_c:
-            report.add("schema", "ok", rec.op, "unchanged", kind="unchanged")
+            report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=Kind.UNCHANGED)
         elif signature_types(rec.signature) == signature_types(op.signature):
-            report.add("schema", "warning", rec.op,
+            report.add(Area.SCHEMA, Severity.WARNING, rec.op,
                        "schema changed but the C++ kernel signature did not: check the kernel's semantics",
-                       kind="schema_changed", old=recorded_c, new=live_c)
+                       kind=Kind.SCHEMA_CHANGED, old=recorded_c, new=live_c)
         else:
-            report.add("schema", "error", rec.op,
+            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"kernel signature changed: {rec.signature}  ->  {op.signature}",
-                       kind="signature_changed", old=recorded_c, new=live_c,
+                       kind=Kind.SIGNATURE_CHANGED, old=recorded_c, new=live_c,
                        old_signature=rec.signature, new_signature=op.signature, source=rec.source)
 
 
@@ -399,10 +369,10 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
                 missing[name] = (False, "backendgen check")
     for subject in sorted(missing):
         optional, user = missing[subject]
-        report.add("api", "warning" if optional else "error", subject,
+        report.add(Area.API, Severity.WARNING if optional else Severity.ERROR, subject,
                    f"not found in the installed torch: {user} must be ported")
     if not missing:
-        report.add("api", "ok", "extension points",
+        report.add(Area.API, Severity.OK, "extension points",
                    f"all {counts['cpp']} C++ and {counts['py']} Python extension points present")
 
 
@@ -410,45 +380,45 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
     pkg_dir = project.root / project.package
     built = sorted(pkg_dir.glob("_C*.so"))
     if not built:
-        report.add("extension", "error", project.package, "not built: pip install --no-build-isolation -e .")
+        report.add(Area.EXTENSION, Severity.ERROR, project.package, "not built: pip install --no-build-isolation -e .")
         return set()
     sources = [p for p in (project.root / "csrc").rglob("*") if p.suffix in (".cpp", ".h")]
     newest = max((p.stat().st_mtime for p in sources), default=0)
     if newest > built[0].stat().st_mtime:
-        report.add("extension", "warning", built[0].name, "sources changed since the last build: rebuild")
+        report.add(Area.EXTENSION, Severity.WARNING, built[0].name, "sources changed since the last build: rebuild")
     load = probed.get("load")
     if load is None:
         if returncode < 0:
             sig = signal.Signals(-returncode).name
             tail = crash_summary(stderr)
-            report.add("extension", "error", project.package,
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
                        f"loading it killed the process ({sig}): the library is corrupt or a static registration "
-                       f"failed — rebuild{'; ' + tail if tail else ''}", kind="crash")
+                       f"failed — rebuild{'; ' + tail if tail else ''}", kind=Kind.CRASH)
         else:
             tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            report.add("extension", "error", project.package, f"could not be probed: {tail}", kind="probe")
+            report.add(Area.EXTENSION, Severity.ERROR, project.package, f"could not be probed: {tail}", kind=Kind.PROBE)
         return set()
     if not load["ok"]:
         msg = load["message"]
         if "undefined symbol" in msg:
-            report.add("extension", "error", project.package,
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
                        f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
-                       f"[{msg.splitlines()[0][:200]}]", kind="abi")
+                       f"[{msg.splitlines()[0][:200]}]", kind=Kind.ABI)
         else:
-            report.add("extension", "error", project.package,
-                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind="load")
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
+                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind=Kind.LOAD)
         return set()
-    report.add("extension", "ok", project.package, f"loads into torch as '{load['backend_name']}'")
+    report.add(Area.EXTENSION, Severity.OK, project.package, f"loads into torch as '{load['backend_name']}'")
     for d in load["dangling"]:
-        report.add("extension", "error", d.splitlines()[0][:200],
-                   "kernel registered for an operator that does not exist in this torch", kind="dangling")
+        report.add(Area.EXTENSION, Severity.ERROR, d.splitlines()[0][:200],
+                   "kernel registered for an operator that does not exist in this torch", kind=Kind.DANGLING)
     for op, k in load["kernels"].items():
         rec = project.find_op(op)
         if not k["has"]:
-            report.add("extension", "error", op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
-                       kind="missing_kernel")
+            report.add(Area.EXTENSION, Severity.ERROR, op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
+                       kind=Kind.MISSING_KERNEL)
         elif rec is not None and rec.origin == "add-op" and not _registered_here(k["line"], project, rec.source):
-            report.add("extension", "warning", op,
+            report.add(Area.EXTENSION, Severity.WARNING, op,
                        f"its PrivateUse1 kernel is not registered by {REGISTRATION_FILE} or {rec.source}: {k['line'][:160]}")
     return set(load["registered"])
 
@@ -473,7 +443,7 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
     native = [op for op in required if op.qualified in registered]
     fallback = [op for op in required if op.qualified not in registered]
     report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback)}
-    report.add("coverage", "info", "operators",
+    report.add(Area.COVERAGE, Severity.INFO, "operators",
                f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
                f"{len(fallback)} run through the CPU fallback", **report.coverage)
     if list_ops:
@@ -509,13 +479,13 @@ def render_report(report: CheckReport, out) -> None:
     """Show the report through `out` (a backendgen.output.Output): findings are outside text."""
     from backendgen.output import styled
 
-    colors = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "red"}
+    colors = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.ERROR: "red"}
     rows = []
     for f in report.findings:
-        if f.severity == "ok" and f.area == "schema" and f.detail.get("kind") == "unchanged":
+        if f.severity is Severity.OK and f.area is Area.SCHEMA and f.detail.get("kind") is Kind.UNCHANGED:
             continue  # one line per changed op is enough; unchanged ones are counted below
         rows.append([f.area, styled(f.severity, colors[f.severity]), f.subject, f.message])
-    unchanged = sum(1 for f in report.of("schema") if f.detail.get("kind") == "unchanged")
+    unchanged = sum(1 for f in report.of(Area.SCHEMA) if f.detail.get("kind") is Kind.UNCHANGED)
     if unchanged:
         rows.append(["schema", styled("ok", "green"), f"{unchanged} operators", "schemas unchanged"])
     out.table(["area", "", "subject", "finding"], rows)

@@ -360,6 +360,7 @@ def update_cmd(
     transaction: a failure or Ctrl-C leaves the project as it was."""
     from backendgen import api
     from backendgen.output import styled
+    from backendgen.update import Fix
 
     res = api.update_project(project, dry_run=dry_run, torch_signatures=torch, build_it=not no_build, test_it=not no_test,
                              allow_dirty=allow_dirty, keep_on_failure=keep_on_failure, reporter=_reporter())
@@ -380,7 +381,7 @@ def update_cmd(
     for fix in res.torch or []:
         more = f"; close matches: {', '.join(fix.close_matches)}" if fix.close_matches else ""
         line = f"{fix.op} ({fix.file}): {fix.detail}{more}"
-        if fix.action == "unfixable":
+        if fix.action is Fix.UNFIXABLE:
             con.print(styled("cannot fix", "red"), f" {line}")
         else:
             con.print(f"{fix.action}: {line}")

@@ -20,7 +20,6 @@ import contextlib
 import gzip
 import io
 import json
-import shutil
 import subprocess
 import sys
 import tarfile

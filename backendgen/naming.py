@@ -16,7 +16,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from backendgen.environment import subprocess_env
 from backendgen.errors import InvalidNameError
+from backendgen.files import write_atomic
 
 MAX_LENGTH = 32
 _VALID = re.compile(r"^[a-z][a-z_]*$")  # torch.device() accepts no digits in a device type
@@ -119,10 +121,8 @@ def torch_attribute_names() -> frozenset[str]:
         return frozenset(json.loads(path.read_text()))
     except (OSError, ValueError):
         pass
-    script = "import json, torch; print(json.dumps(sorted(n for n in dir(torch))))"
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=_no_autoload_env(), check=False
-    )
+    out = subprocess.run([sys.executable, "-m", "backendgen.programs.torch_names"], capture_output=True, text=True,
+                         env=subprocess_env(autoload="0"), check=False)
     if out.returncode != 0:
         from backendgen.errors import EnvironmentProblem
 
@@ -130,16 +130,8 @@ def torch_attribute_names() -> frozenset[str]:
         raise EnvironmentProblem(f"cannot import torch: {last}")
     names = json.loads(out.stdout)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(names))
+        write_atomic(path, json.dumps(names))
     except OSError:
-        pass
+        pass  # an unwritable cache only costs time
     return frozenset(names)
 
-
-def _no_autoload_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    return env

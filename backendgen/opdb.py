@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import difflib
 import enum
-import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from backendgen.environment import installed_torch
 from backendgen.errors import EnvironmentProblem, UnknownOpError, UserError
+from backendgen.files import sha256_of, write_atomic
 
 CACHE_FORMAT = 7
 _OP_NAME = re.compile(r"^(?:aten::)?([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
@@ -41,21 +39,20 @@ class TorchInfo:
 
 def torch_info() -> TorchInfo:
     """Locate the installed torch and its torchgen without importing torch."""
-    if importlib.util.find_spec("torch") is None:
+    torch = installed_torch()
+    if torch.torch_dir is None:
         raise EnvironmentProblem("torch is not installed in this environment (pip install torch==2.13.0)")
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        raise EnvironmentProblem("torch is importable but has no package metadata; reinstall torch") from None
-    spec = importlib.util.find_spec("torchgen")
-    if spec is None or not spec.origin:
+    version = torch.version
+    if version is None:
+        raise EnvironmentProblem("torch is importable but has no package metadata; reinstall torch")
+    tg = torch.torchgen_dir
+    if tg is None:
         raise EnvironmentProblem(f"torch {version} ships no torchgen package; reinstall an official torch wheel")
-    tg = Path(spec.origin).parent
     yaml_path = tg / "packaged" / "ATen" / "native" / "native_functions.yaml"
     tags_path = yaml_path.with_name("tags.yaml")
     if not yaml_path.is_file() or not tags_path.is_file():
         raise EnvironmentProblem(f"torchgen of torch {version} has no native_functions.yaml at {yaml_path}")
-    sha = hashlib.sha256(yaml_path.read_bytes()).hexdigest()
+    sha = sha256_of(yaml_path)
     return TorchInfo(version, tg, yaml_path, tags_path, sha)
 
 
@@ -415,10 +412,8 @@ def load_opdb(info: TorchInfo | None = None) -> OpDB:
     if ops is None:
         ops = _derive_ops(info)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as fh:
-                json.dump({"torch": info.version, "sha256": info.yaml_sha256, "ops": [asdict(o) for o in ops]}, fh)
-            os.replace(fh.name, path)
+            write_atomic(path, json.dumps({"torch": info.version, "sha256": info.yaml_sha256,
+                                           "ops": [asdict(o) for o in ops]}))
         except OSError:
             pass  # an unwritable cache only costs time
     db = OpDB(info, ops)

@@ -2,8 +2,8 @@
 
 The script runs in a child process of the same Python, started as a user would start it (autoload
 on, the caller's working directory, the script's directory first on sys.path, its own arguments,
-stdin/stdout/stderr inherited). A small runner (`_RUNNER`, passed with `-c`) imports torch, resets
-the backend's fallback counters, runs the script with `runpy`, and writes the counters
+stdin/stdout/stderr inherited). A small runner (`backendgen.programs.profile_runner`) imports torch,
+resets the backend's fallback counters, runs the script with `runpy`, and writes the counters
 (`torch.<device>.fallback_stats()`: calls and seconds per operator) to a JSON file when the
 interpreter exits: after the script returns, raises or calls sys.exit (and before an os._exit).
 Nothing is read from the script's output.
@@ -16,7 +16,6 @@ register for it (`kernelgen.plan_kernel`), merging operators one kernel makes na
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -26,93 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import kernelgen
+from backendgen.environment import subprocess_env
 from backendgen.errors import UserError
 from backendgen.opdb import OpDB
 from backendgen.project import Project
-
-# Runs in the child: argv = [-c, RESULT_FILE, DEVICE, SCRIPT, ARGS...].
-_RUNNER = r'''
-import atexit, json, os, sys, time, traceback
-
-_result, _device, _script = sys.argv[1:4]
-_state = {"status": None, "start": None, "written": False, "pid": os.getpid()}
-
-
-def _write(data):
-    tmp = _result + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, _result)
-
-
-try:
-    import torch
-except BaseException as e:
-    _write({"error": "import", "detail": f"{type(e).__name__}: {e}"})
-    raise SystemExit(2)
-_mod = getattr(torch, _device, None)
-if _mod is None or not (hasattr(_mod, "fallback_stats") or hasattr(_mod, "fallback_counts")):
-    _write({"error": "not_loaded"})
-    raise SystemExit(2)
-
-
-def _collect():
-    if _state["written"] or os.getpid() != _state["pid"]:  # once; never from a forked child
-        return
-    _state["written"] = True
-    seconds = time.perf_counter() - _state["start"]
-    try:
-        if hasattr(_mod, "fallback_stats"):
-            stats = {k: [int(c), float(s)] for k, (c, s) in _mod.fallback_stats().items()}
-        else:  # a backend from before the fallback timed its operators
-            stats = {k: [int(c), None] for k, c in _mod.fallback_counts().items()}
-    except BaseException as e:
-        _write({"error": "collect", "detail": f"{type(e).__name__}: {e}", "status": _state["status"]})
-        return
-    _write({"stats": stats, "seconds": seconds, "status": _state["status"]})
-
-
-_real_os_exit = os._exit
-
-
-def _os_exit(code):
-    _state["status"] = code
-    _collect()
-    _real_os_exit(code)
-
-
-atexit.register(_collect)  # registered before the script's: runs after them, and after its threads
-os._exit = _os_exit
-
-if hasattr(_mod, "reset_fallback_counts"):
-    _mod.reset_fallback_counts()
-sys.argv = [_script] + sys.argv[4:]
-if sys.path and sys.path[0] == "":  # `python SCRIPT` puts the script's directory there (not with -P)
-    sys.path[0] = os.path.dirname(os.path.abspath(_script))
-_state["start"] = time.perf_counter()
-_status = 0
-try:
-    import runpy
-
-    runpy.run_path(_script, run_name="__main__")
-except SystemExit as e:
-    if e.code is None:
-        _status = 0
-    elif isinstance(e.code, int):
-        _status = e.code
-    else:
-        print(e.code, file=sys.stderr)
-        _status = 1
-except BaseException as e:
-    tb = e.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != os.path.abspath(_script):
-        tb = tb.tb_next  # the script's frames only, as `python SCRIPT` shows them
-    traceback.print_exception(type(e), e, tb or e.__traceback__)
-    _status = 130 if isinstance(e, KeyboardInterrupt) else 1
-_state["status"] = _status
-sys.exit(_status)
-'''
-
 
 @dataclass
 class OpTime:
@@ -148,11 +64,10 @@ class ProfileEntry:
 def run(script: Path, args: list[str], device: str, *, stdout_to_stderr: bool = False) -> tuple[int, dict | None]:
     """Run `script` with `args` under the runner; return its exit status and what the runner wrote
     (None when the process died before writing it)."""
-    env = dict(os.environ)
-    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"  # the backend loads with `import torch`, as for a user
+    env = subprocess_env(autoload="1")  # the backend loads with `import torch`, as for a user
     with tempfile.TemporaryDirectory(prefix="backendgen-profile-") as tmp:
         result = Path(tmp) / "profile.json"
-        cmd = [sys.executable, "-c", _RUNNER, str(result), device, str(script), *args]
+        cmd = [sys.executable, "-m", "backendgen.programs.profile_runner", str(result), device, str(script), *args]
         stdout = sys.stderr.fileno() if stdout_to_stderr else None
         proc = subprocess.Popen(cmd, env=env, stdout=stdout)
         while True:

@@ -11,16 +11,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen.errors import LockedError, ProjectError
+from backendgen.files import write_atomic
 
 METADATA_FILE = "backendgen.json"
 METADATA_FORMAT = 1
@@ -29,26 +26,6 @@ REGISTRATION_FILE = "csrc/aten/ops/generated/registration.cpp"  # every add-op k
 COMPILE_TESTS = "tests/test_compile.py"  # torch.compile on the device (opt-in: pytest -m compile)
 DISTRIBUTED_TESTS = "tests/distributed"  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
 _REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see the old or the new content, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        if path.exists():
-            shutil.copymode(path, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 _REGISTRATION_KEYS = ("name", "root", "ops_struct", "namespace", "function")
@@ -255,8 +232,8 @@ class Project:
 class Transaction:
     """Remembers files before they are written and puts them back if the block fails.
 
-    Files that did not exist are removed again. Used as a context manager; `commit()` keeps the
-    changes (also implied by leaving the block without an exception unless `keep=False`).
+    Files that did not exist are removed again. Used as a context manager: leaving the block with
+    an exception rolls back, leaving it normally keeps the changes; `rollback()` also undoes them.
     """
 
     def __init__(self, root: Path):

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -32,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, addop, kernelgen, manifest, naming
-from backendgen.errors import ProjectError, UserError
+from backendgen.errors import ProjectError
+from backendgen.files import sha256_text
 from backendgen.history import current_version, template_of
 from backendgen.merge import has_markers, merge3
 from backendgen.opdb import OpDB
-from backendgen.project import METADATA_FILE, REGISTRATION_FILE, OpRecord, Project, sha256_of
+from backendgen.project import METADATA_FILE, REGISTRATION_FILE, OpRecord, Project
+from backendgen.textenum import TextEnum
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
 # kernel (sealed with its own hash; add-op refuses a hand-edited one) and the metadata file. The
@@ -47,25 +48,35 @@ TOOL_OWNED = (REGISTRATION_FILE, METADATA_FILE)
 HARNESS = "tests/ops/harness.py"  # add-op's test harness (template ops/harness.py.j2)
 
 
+class Action(TextEnum):
+    """What the update did to one file (shown before its path)."""
+
+    UPDATED = "updated"  # the template's change, applied (you had not edited it)
+    MERGED = "merged"  # the template's change merged with your edits
+    ADDED = "added"  # new in the template
+    REMOVED = "removed"  # removed by the template (you had not edited it)
+    KEPT = "kept"  # removed by the template but edited by you: kept
+    DELETED = "deleted"  # deleted by you and changed by the template: left deleted
+    CONFLICT = "conflict"  # your edit and the template's overlap: resolve the conflict markers
+    REWRITTEN = "rewritten"  # written by backendgen from backendgen.json
+    REGENERATED = "regenerated"  # a kernel add-op wrote, unedited: written by the current add-op
+    SIGNATURE = "signature"  # kernel signature line(s) changed to the installed torch's (--torch)
+
+
 @dataclass
 class FileChange:
     path: str
-    action: str  # one of ACTIONS
+    action: Action
     note: str = ""
 
 
-ACTIONS = {
-    "updated": "the template's change, applied (you had not edited it)",
-    "merged": "the template's change merged with your edits",
-    "added": "new in the template",
-    "removed": "removed by the template (you had not edited it)",
-    "kept": "removed by the template but edited by you: kept",
-    "deleted": "deleted by you and changed by the template: left deleted",
-    "conflict": "your edit and the template's overlap: resolve the conflict markers",
-    "rewritten": "written by backendgen from backendgen.json",
-    "regenerated": "a kernel add-op wrote, unedited: written by the current add-op",
-    "signature": "kernel signature line(s) changed to the installed torch's (--torch)",
-}
+class Fix(TextEnum):
+    """What `--torch` did about one operator (shown before the line that says how)."""
+
+    SIGNATURE = "signature"  # the kernel's signature line rewritten
+    REGENERATED = "regenerated"  # an unedited kernel written by the current add-op
+    RECORDED = "recorded"  # only backendgen.json's names changed
+    UNFIXABLE = "unfixable"  # left for the team to port
 
 
 @dataclass
@@ -74,7 +85,7 @@ class TorchFix:
 
     op: str
     file: str
-    action: str  # "signature" (line rewritten), "regenerated", "recorded" (names only), "unfixable"
+    action: Fix
     detail: str = ""
     close_matches: list[str] = field(default_factory=list)
 
@@ -97,11 +108,11 @@ class UpdateResult:
 
     @property
     def conflicts(self) -> list[str]:
-        return [c.path for c in self.changes if c.action == "conflict"] + self.unresolved
+        return [c.path for c in self.changes if c.action is Action.CONFLICT] + self.unresolved
 
     @property
     def unfixable(self) -> list[TorchFix]:
-        return [f for f in (self.torch or []) if f.action == "unfixable"]
+        return [f for f in (self.torch or []) if f.action is Fix.UNFIXABLE]
 
     @property
     def exit_code(self) -> int:
@@ -261,30 +272,30 @@ def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | None, the
             return
         if ours == base:
             plan.write(rel, None)
-            result.changes.append(FileChange(rel, "removed"))
+            result.changes.append(FileChange(rel, Action.REMOVED))
         else:
-            result.changes.append(FileChange(rel, "kept", "the new template has no such file; yours is kept"))
+            result.changes.append(FileChange(rel, Action.KEPT, "the new template has no such file; yours is kept"))
         return
     if ours is None:
         if base is None:
             plan.write(rel, theirs, mode)
-            result.changes.append(FileChange(rel, "added"))
+            result.changes.append(FileChange(rel, Action.ADDED))
         else:
-            result.changes.append(FileChange(rel, "deleted", "you deleted it; the new template changed it"))
+            result.changes.append(FileChange(rel, Action.DELETED, "you deleted it; the new template changed it"))
         return
     if ours == theirs:
         return
     if ours == base:
         plan.write(rel, theirs)
-        result.changes.append(FileChange(rel, "regenerated" if regenerated else "updated"))
+        result.changes.append(FileChange(rel, Action.REGENERATED if regenerated else Action.UPDATED))
         return
     merged = merge3(base or "", ours, theirs, labels=labels)
     plan.write(rel, merged.text)
     if merged.conflicts:
         what = "the project already has a different file there" if base is None else f"{merged.conflicts} conflicting region(s)"
-        result.changes.append(FileChange(rel, "conflict", what))
+        result.changes.append(FileChange(rel, Action.CONFLICT, what))
     elif merged.text != ours:
-        result.changes.append(FileChange(rel, "merged"))
+        result.changes.append(FileChange(rel, Action.MERGED))
 
 
 # --- kernels add-op wrote -----------------------------------------------------------------------------
@@ -335,7 +346,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         recorded = recs[0].source_sha256
         base_plan = kernelgen.plan_kernel(db, op, legacy=old == 1)
         base, exact = kernel_base(project, db, op, source, ours, recorded, old=old, old_ops=old_ops, old_torch=old_torch)
-        unedited = recorded is not None and sha256_of_text(ours) == recorded
+        unedited = recorded is not None and sha256_text(ours) == recorded
         if unedited:
             merge_file(plan, result, source, ours, theirs, labels, regenerated=True)
         else:
@@ -351,7 +362,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
                        kernelgen.render_test(new_plan, device=project.device, source_path=source), labels)
         for rec in recs:
             project.remove_op(rec.op)
-        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_of_text(theirs)):
+        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_text(theirs)):
             project.add_op(rec)
     if plan.read(HARNESS) is not None:
         new_harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
@@ -368,7 +379,7 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
     changed between releases); without an exact one, the rendering closest to the project's file."""
     if recorded:
         for text in git_versions(project.root, source):
-            if sha256_of_text(text) == recorded:
+            if sha256_text(text) == recorded:
                 return text, True
     candidates = []
     for legacy in dict.fromkeys((old == 1, False, True)):
@@ -377,7 +388,7 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
             text = _try_render(kernelgen.render_kernel, plan, device=project.device, source_path=source,
                                torch_version=old_torch, ops_dir=ops_dir)
             if text is not None:
-                if recorded and sha256_of_text(text) == recorded:
+                if recorded and sha256_text(text) == recorded:
                     return text, True
                 candidates.append(text)
     ours_lines = ours.splitlines()
@@ -400,10 +411,6 @@ def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
             with contextlib.suppress(UnicodeDecodeError):
                 out.append(show.stdout.decode())
     return out
-
-
-def sha256_of_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:
@@ -466,7 +473,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
         where = rec.source or "csrc/aten"
         if op is None:
             matches = db.close_matches(rec.op)
-            fixes.append(TorchFix(rec.op, where, "unfixable", f"removed from torch {db.torch_version}: "
+            fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"removed from torch {db.torch_version}: "
                                   f"port the kernel or backendgen remove-op {rec.op}", close_matches=matches))
             continue
         if signature_types(op.signature) == signature_types(rec.signature):
@@ -475,31 +482,31 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
                 if rec.overloads:
                     rec.overloads = [o.qualified for o in db.overloads(op.base)]
                 project.add_op(rec)
-                fixes.append(TorchFix(rec.op, where, "recorded", "schema changed, C++ types the same: record updated"))
+                fixes.append(TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated"))
             continue
         if rec.origin != "add-op":
-            fixes.append(TorchFix(rec.op, where, "unfixable", f"its kernel is part of the template ({where}): "
+            fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"its kernel is part of the template ({where}): "
                                   f"change it to {op.signature}"))
             continue
         text = plan.read(rec.source)
         recs = files.get(rec.source, [rec])
-        if text is not None and recs[0].source_sha256 and sha256_of_text(text) == recs[0].source_sha256:
+        if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
             # unedited: plan_kernels rewrites the whole file for the new torch
-            fixes.append(TorchFix(rec.op, rec.source, "regenerated", f"{rec.signature} -> {op.signature}"))
+            fixes.append(TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}"))
             continue
         if _arg_names(op.signature) != _arg_names(rec.signature):
-            fixes.append(TorchFix(rec.op, rec.source, "unfixable", f"arguments changed: {rec.signature} -> "
+            fixes.append(TorchFix(rec.op, rec.source, Fix.UNFIXABLE, f"arguments changed: {rec.signature} -> "
                                   f"{op.signature}; edit the kernel to the new signature"))
             continue
         line = f"{rec.signature} {{"
         if text is None or text.count(line) != 1:
-            fixes.append(TorchFix(rec.op, rec.source, "unfixable", f"the line `{line}` is not in the file (once); "
+            fixes.append(TorchFix(rec.op, rec.source, Fix.UNFIXABLE, f"the line `{line}` is not in the file (once); "
                                   f"change it to {op.signature}"))
             continue
         plan.write(rec.source, text.replace(line, f"{op.signature} {{"))
         rec.schema, rec.signature = op.qualified_schema, op.signature
         project.add_op(rec)
-        fixes.append(TorchFix(rec.op, rec.source, "signature", f"{line[:-2]} -> {op.signature}"))
-        result.changes.append(FileChange(rec.source, "signature", rec.op))
+        fixes.append(TorchFix(rec.op, rec.source, Fix.SIGNATURE, f"{line[:-2]} -> {op.signature}"))
+        result.changes.append(FileChange(rec.source, Action.SIGNATURE, rec.op))
     result.torch = fixes
-    return {f.file for f in fixes if f.action == "unfixable"}  # the template step leaves these alone
+    return {f.file for f in fixes if f.action is Fix.UNFIXABLE}  # the template step leaves these alone

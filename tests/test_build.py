@@ -121,7 +121,7 @@ def with_units(recorded):
 def test_a_new_kernel_file_joins_its_unity_file_without_setup_py(with_units):
     root, env, record = with_units
     (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// a kernel add-op wrote\n")
-    assert record.stale_because(root, env) == build.SOURCES_CHANGED
+    assert record.stale_because(root, env) is build.Stale.SOURCES
     assert record.units_still_match(root, env)
     assert "csrc/aten/ops/extra.cpp" in (root / "build" / "unity" / "ops.cpp").read_text()
     assert build.BuildRecord.load(root).stale_because(root, env) is None  # the record now lists it
@@ -133,7 +133,7 @@ def test_sources_that_need_a_new_build_ninja_go_through_setup_py(with_units):
         path.unlink()
     assert not record.units_still_match(root, env)
     assert not (root / "build" / "unity" / "python.cpp").exists()  # never compiled stale
-    assert build.BuildRecord.load(root).stale_because(root, env) == build.SOURCES_CHANGED
+    assert build.BuildRecord.load(root).stale_because(root, env) is build.Stale.SOURCES
     # one file per translation unit: every new file is a new ninja target
     (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n")
     device = json.loads((root / "backendgen.json").read_text())["DEVICE"]

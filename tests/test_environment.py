@@ -312,3 +312,15 @@ def test_read_only_site_packages_is_refused_before_anything_is_written(read_only
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{site_dir} is not writable" in out.stderr and "virtualenv" in out.stderr
     assert "Traceback" not in out.stderr and not dest.exists()
+
+
+def test_subprocess_env_sets_or_removes_autoload_and_prepends_to_pythonpath(monkeypatch, tmp_path):
+    from backendgen.environment import subprocess_env
+
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert subprocess_env()["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    assert "TORCH_DEVICE_BACKEND_AUTOLOAD" not in subprocess_env(autoload=None)
+    assert subprocess_env(pythonpath=tmp_path)["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/elsewhere"
+    monkeypatch.delenv("PYTHONPATH")
+    assert subprocess_env(pythonpath=tmp_path)["PYTHONPATH"] == str(tmp_path)
