@@ -22,9 +22,10 @@ from pathlib import Path
 
 from backendgen import build, customop, kernelgen, overrides, registration, support
 from backendgen.errors import ProjectError, UserError
+from backendgen.files import sha256_of
 from backendgen.opdb import Op, OpDB, load_opdb
 from backendgen.progress import Reporter
-from backendgen.project import REGISTRATION_FILE, OpRecord, Project, Transaction, sha256_of
+from backendgen.project import REGISTRATION_FILE, OpRecord, Project, Transaction
 
 
 # --- gating and transactions -----------------------------------------------------------------------
