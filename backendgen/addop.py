@@ -20,7 +20,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import build, customop, kernelgen, overrides, registration, support
+from backendgen import build, customop, kernelgen, manifest, overrides, registration, support
 from backendgen.errors import ProjectError, UserError
 from backendgen.files import sha256_of
 from backendgen.opdb import Op, OpDB, load_opdb
@@ -132,7 +132,7 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
     plans, unchanged, seen = [], [], set()
     for name in names:
         # a project from template 1 has a kernel_support.h without the helpers newer kernels use
-        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=project.template_version == 1)
+        plan = kernelgen.plan_kernel(db, db.resolve(name), features=project.features)
         target = plan.target.qualified
         rec = project.covering(target)
         if rec is not None:
@@ -185,11 +185,11 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
                             "and writes kernels for aten:: operators")
     if (schema is not None or body is not None) and len(custom_names) != 1:
         raise UserError(f"--schema and --body define one operator of this backend: name exactly one {device}::NAME")
-    if (custom_names or autograd) and project.template_version < customop.FIRST_TEMPLATE:
+    if (custom_names or autograd) and "custom_ops" not in project.features:
         raise ProjectError(
             f"this project is from template {project.template_version}: its setup.py does not compile csrc/custom_ops "
-            f"or csrc/autograd; {device}:: operators and --autograd need template {customop.FIRST_TEMPLATE} "
-            "or newer: run backendgen update"
+            f"or csrc/autograd; {device}:: operators and --autograd need template "
+            f"{manifest.load().feature('custom_ops').since} or newer: run backendgen update"
         )
     recorded_custom = {d["op"]: d for d in project.custom_ops}
     recorded_overrides = {d["op"] for d in project.autograd_overrides}

@@ -25,7 +25,6 @@ from backendgen.opdb import Arg, ArgKind, Op
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 SOURCE_DIR = "csrc/custom_ops"
 AUTOGRAD_DIR = "csrc/autograd"
-FIRST_TEMPLATE = 7  # its setup.py compiles csrc/custom_ops and csrc/autograd, and it has the autocast table
 
 
 def is_custom_name(name: str, device: str) -> bool:

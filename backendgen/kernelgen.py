@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backendgen import manifest
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import Arg, ArgKind, Op, OpDB
 
@@ -33,9 +34,10 @@ class KernelPlan:
     # A structured op's functional overload, when it gets a kernel of its own in the same file
     # (one shape pass, output allocated straight from the allocator) instead of PyTorch's default.
     functional: Op | None = None
-    # For a project from template 1, whose kernel_support.h predates common_device and
-    # empty_device: kernels of that template's shape (no device checks, no functional kernel).
-    legacy: bool = False
+    # The project's template features (manifest.features_of; None: the current template's). Without
+    # `common_device` (template 1, whose kernel_support.h predates common_device and empty_device):
+    # kernels of that template's shape (no device checks, no functional kernel, no view kernels).
+    features: frozenset[str] | None = None
     # The target returns a view of an argument (Tensor(a) without '!'): its kernel computes only
     # geometry and returns kernels::device_view of that argument (see view_body).
     view: bool = False
@@ -46,7 +48,18 @@ class KernelPlan:
         return t.base if t.overload in ("", "out") else f"{t.base}_{t.overload}"
 
 
-def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
+def _common_device(features: frozenset[str] | None) -> bool:
+    return features is None or "common_device" in features
+
+
+def _needs_common_device(op: Op) -> UserError:
+    since = manifest.load().feature("common_device").since
+    return UserError(f"{op.qualified} returns a view of its input; view kernels need template {since} or later "
+                     "(backendgen update)")
+
+
+def plan_kernel(db: OpDB, requested: Op, *, features: frozenset[str] | None = None) -> KernelPlan:
+    """How add-op serves `requested` in a project with the template `features` (None: current)."""
     notes = []
     target = requested
     if requested.structured_delegate:
@@ -65,18 +78,17 @@ def plan_kernel(db: OpDB, requested: Op, *, legacy: bool = False) -> KernelPlan:
         )
     view = is_view(target)
     if view:
-        if legacy:
-            raise UserError(f"{target.qualified} returns a view of its input; view kernels need template 2 or later "
-                            "(backendgen update)")
+        if not _common_device(features):
+            raise _needs_common_device(target)
         view_base(target)  # refuses what a view kernel cannot serve, with the reason
     covers = [target.qualified] + [o.qualified for o in db.delegating_to(target)]
     if target.composite_explicit:
         notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
     elif not target.needs_backend_kernel and not target.structured:
         notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
-    functional = None if legacy or view else _functional(db, target)
+    functional = None if not _common_device(features) or view else _functional(db, target)
     return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=functional,
-                      legacy=legacy, view=view)
+                      features=features, view=view)
 
 
 # --- view operators ------------------------------------------------------------------------------
@@ -167,15 +179,15 @@ def cpu_args(op: Op) -> str:
     return "scalars" if op.tensor_iterator and not op.precomputed else "allowed"
 
 
-def device_setup(op: Op, *, legacy: bool = False) -> list[str]:
+def device_setup(op: Op, *, features: frozenset[str] | None = None) -> list[str]:
     """Statements that check `op`'s tensor arguments' devices and make the common one current.
 
-    `legacy`: for projects from template 1, whose kernel_support.h has no common_device: the
+    Without the `common_device` feature (template 1's kernel_support.h has no common_device): the
     device of the first tensor argument (or of a list's first tensor), unchecked."""
     tensors = [a.name for a in op.args if a.kind.holds_tensors]
     if not tensors:
         return []
-    if legacy:
+    if not _common_device(features):
         first = next((a for a in op.args if a.kind.is_tensor or a.kind is ArgKind.TENSOR_LIST), None)
         if first is None:
             return []
@@ -227,15 +239,15 @@ def view_body(op: Op) -> Body:
     )
 
 
-def kernel_body(op: Op, *, legacy: bool = False, callee: str | None = None) -> Body:
-    """C++ statements that run `op` on host aliases of the device memory (`legacy`: see device_setup).
+def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str | None = None) -> Body:
+    """C++ statements that run `op` on host aliases of the device memory (`features`: see device_setup).
     `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher).
     A view operator gets `view_body`."""
     if callee is None and is_view(op):
-        if legacy:
-            raise UserError(f"{op.qualified} returns a view of its input; view kernels need template 2 or later")
+        if not _common_device(features):
+            raise _needs_common_device(op)
         return view_body(op)
-    setup, prelude, epilogue, call_args = device_setup(op, legacy=legacy), [], [], []
+    setup, prelude, epilogue, call_args = device_setup(op, features=features), [], [], []
     writes: list[str] = []
     device_expr = "run_on" if setup else None
     for a in op.args:
@@ -384,7 +396,7 @@ def completing_headers(op: Op) -> list[str]:
 def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str,
                   ops_dir: Path | None = None) -> str:
     op = plan.target
-    body = kernel_body(op, legacy=plan.legacy)
+    body = kernel_body(op, features=plan.features)
     return _env(ops_dir).get_template("kernel.cpp.j2").render(
         device=device,
         torch_version=torch_version,

@@ -99,12 +99,11 @@ def analyze(stats: dict[str, list], db: OpDB, project: Project) -> list[ProfileE
     time, then calls."""
     by_target: dict[str, ProfileEntry] = {}
     entries: list[ProfileEntry] = []
-    legacy = project.data.get("template_version") == "1"
     for name, (calls, seconds) in stats.items():
         if not calls:
             continue
         t = OpTime(name, int(calls), None if seconds is None else float(seconds))
-        target, reason = add_op_target(name, db, project, legacy=legacy)
+        target, reason = add_op_target(name, db, project)
         if target is None:
             entries.append(ProfileEntry([t], None, reason))
         elif target in by_target:
@@ -118,15 +117,15 @@ def analyze(stats: dict[str, list], db: OpDB, project: Project) -> list[ProfileE
     return entries
 
 
-def add_op_target(name: str, db: OpDB, project: Project, *, legacy: bool = False) -> tuple[str | None, str | None]:
+def add_op_target(name: str, db: OpDB, project: Project) -> tuple[str | None, str | None]:
     """(the overload add-op registers for `name`, None), or (None, why add-op cannot make it native);
     an operator the project already records comes back with its target and a reason to rebuild."""
     namespace, _, short = name.partition("::")
     if namespace != "aten" or not short:
         return None, "not an ATen operator (add-op writes kernels for aten:: operators)"
     try:
-        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=legacy)
-        kernelgen.kernel_body(plan.target, legacy=legacy)
+        plan = kernelgen.plan_kernel(db, db.resolve(name), features=project.features)
+        kernelgen.kernel_body(plan.target, features=project.features)
     except UserError as e:
         return None, _short_reason(name, str(e))
     target = plan.target.qualified

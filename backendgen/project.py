@@ -81,6 +81,13 @@ class Project:
             return 1
 
     @property
+    def features(self) -> frozenset[str]:
+        """The manifest's named features its template has (backendgen.manifest)."""
+        from backendgen import manifest
+
+        return manifest.load().features_of(self.template_version)
+
+    @property
     def torch_version(self) -> str:
         return self.data["torch"]["version"]
 

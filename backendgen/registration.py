@@ -74,8 +74,8 @@ def is_pristine(text: str) -> bool:
 
 def text(project: Project, db: OpDB) -> str:
     """The file `project` needs with the installed torch (`db`), from its backendgen.json."""
-    fallbacks = []  # before template 5, fallback.cpp keeps run_on_cpu to itself
-    if project.template_version >= 5:
+    fallbacks = []  # without the fallback_by_name feature, fallback.cpp keeps run_on_cpu to itself
+    if "fallback_by_name" in project.features:
         fallbacks = fallback_registrations(db, lambda op: project.covering(op) is not None)
     return render(
         project.registrations, device=project.device, fallbacks=fallbacks, custom=recorded_custom_ops(project),

@@ -333,7 +333,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         if op is None:
             result.notes.append(f"{source}: {requested} is not in the installed torch; left as it is (backendgen check)")
             continue
-        new_plan = kernelgen.plan_kernel(db, op, legacy=False)
+        new_plan = kernelgen.plan_kernel(db, op)
         if addop.kernel_paths(new_plan)[0] != source:
             result.notes.append(f"{source}: the current add-op writes {requested}'s kernel elsewhere; left as it is")
             continue
@@ -344,7 +344,7 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
             continue
         theirs = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
         recorded = recs[0].source_sha256
-        base_plan = kernelgen.plan_kernel(db, op, legacy=old == 1)
+        base_plan = kernelgen.plan_kernel(db, op, features=manifest.load().features_of(old))
         base, exact = kernel_base(project, db, op, source, ours, recorded, old=old, old_ops=old_ops, old_torch=old_torch)
         unedited = recorded is not None and sha256_text(ours) == recorded
         if unedited:
@@ -382,8 +382,9 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
             if sha256_text(text) == recorded:
                 return text, True
     candidates = []
-    for legacy in dict.fromkeys((old == 1, False, True)):
-        plan = kernelgen.plan_kernel(db, op, legacy=legacy)
+    tpl = manifest.load()
+    for features in dict.fromkeys((tpl.features_of(old), tpl.current_features, tpl.features_of(1))):
+        plan = kernelgen.plan_kernel(db, op, features=features)
         for ops_dir in (old_ops, None):
             text = _try_render(kernelgen.render_kernel, plan, device=project.device, source_path=source,
                                torch_version=old_torch, ops_dir=ops_dir)

@@ -2,9 +2,11 @@
 
 import pytest
 
-from backendgen import kernelgen, registration
+from backendgen import kernelgen, manifest, registration
 from backendgen.errors import CompositeOpError, UserError
 from backendgen.opdb import load_opdb
+
+TEMPLATE_1 = manifest.load().features_of(1)  # kernel_support.h without common_device
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_views_a_view_kernel_cannot_serve_are_refused_in_one_line(db, name, reas
 
 def test_views_are_refused_for_template_1_projects(db):
     with pytest.raises(UserError, match="view kernels need template 2"):
-        kernelgen.plan_kernel(db, db.resolve("unfold"), legacy=True)
+        kernelgen.plan_kernel(db, db.resolve("unfold"), features=TEMPLATE_1)
 
 
 def test_kernel_source_uses_the_exact_signature(db):
@@ -181,11 +183,11 @@ def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
 def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(db):
     # template 1's kernel_support.h has host_alias, write_back, to_device and device_of only
     for name in ("add.out", "cat", "topk"):
-        plan = kernelgen.plan_kernel(db, db.resolve(name), legacy=True)
+        plan = kernelgen.plan_kernel(db, db.resolve(name), features=TEMPLATE_1)
         text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x")
         assert "common_device" not in text and "empty_device" not in text and "_native.h" not in text
         assert "OptionalDeviceGuard guard(run_on);" in text
-    cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, legacy=True)
+    cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, features=TEMPLATE_1)
     assert cat.setup[:2] == ["at::Tensor tensors_first = tensors.size() ? *tensors.begin() : at::Tensor();",
                              "const c10::Device run_on = kernels::device_of(tensors_first);"]
 
