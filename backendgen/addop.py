@@ -25,7 +25,7 @@ from backendgen.errors import ProjectError, UserError
 from backendgen.files import sha256_of
 from backendgen.opdb import Op, OpDB, load_opdb
 from backendgen.progress import Reporter
-from backendgen.project import REGISTRATION_FILE, OpRecord, Project, Transaction
+from backendgen.project import PATHS, REGISTRATION_FILE, OpRecord, Project, Transaction
 
 
 # --- gating and transactions -----------------------------------------------------------------------
@@ -74,14 +74,14 @@ def edit_transaction(project: Project) -> Transaction:
 
 def template_record(db: OpDB, op: Op) -> OpRecord:
     """The record of an operator the template registers itself (template.json builtin_ops)."""
-    return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source="csrc/aten",
+    return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source=PATHS["template_kernels"],
                     origin="template", overloads=[o.qualified for o in db.overloads(op.base)])
 
 
 def kernel_paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
     """Where add-op writes the kernel file and the test of `plan`."""
     stem = plan.file_stem
-    return f"csrc/aten/ops/{stem}.cpp", f"tests/ops/test_{stem}.py"
+    return f"{PATHS['kernels']}/{stem}.cpp", f"{PATHS['kernel_tests']}/test_{stem}.py"
 
 
 def kernel_records(project: Project, db: OpDB, plan: kernelgen.KernelPlan, *, source_sha256: str) -> list[OpRecord]:
@@ -276,7 +276,7 @@ def _write_override(project: Project, ov: overrides.Override, db: OpDB, tx: Tran
 
 def _write_test_support(project: Project, tx: Transaction) -> None:
     harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
-    for rel, text in (("tests/ops/__init__.py", ""), ("tests/ops/harness.py", harness)):
+    for rel, text in ((f"{PATHS['kernel_tests']}/__init__.py", ""), (PATHS["kernel_harness"], harness)):
         if not (project.root / rel).exists():
             tx.write(project.root / rel, text)
 

@@ -137,8 +137,19 @@ class CheckReport:
 
 
 def _expected_keys(project: Project) -> dict[str, list[str]]:
-    """The dispatch keys each custom operator, autograd override and autocast entry must have a kernel for."""
+    """The dispatch keys each custom operator, autograd override and autocast entry must have a kernel
+    for; for a project on the current template, also each registration of its integration points
+    (the manifest's `registers`; an operator a point defines has its catch-all kernel)."""
     keys: dict[str, list[str]] = {}
+    tpl = manifest.load()
+    if project.template_version == tpl.template_version:
+        for point in tpl.integration_points:
+            for key, ops in point.registers.items():
+                for op in ops:
+                    if not op.startswith("_::"):  # a fallback has no operator to look up
+                        keys.setdefault(op, []).append(key)
+            for op in point.defines:
+                keys.setdefault(op.replace("{package}", project.package), []).append("CompositeImplicitAutograd")
     for d in project.custom_ops:
         keys[d["op"]] = ["PrivateUse1", "CPU", "Meta"] + (["Autograd"] if d.get("autograd") else [])
     for d in project.autograd_overrides:

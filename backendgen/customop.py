@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 from backendgen.errors import UserError
 from backendgen.opdb import Arg, ArgKind, Op
+from backendgen.project import PATHS
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-SOURCE_DIR = "csrc/custom_ops"
-AUTOGRAD_DIR = "csrc/autograd"
+SOURCE_DIR = PATHS["custom_ops"]
+AUTOGRAD_DIR = PATHS["autograd"]
 
 
 def is_custom_name(name: str, device: str) -> bool:
@@ -69,7 +70,7 @@ class CustomOp:
 
     @property
     def test(self) -> str:
-        return f"tests/ops/test_{self.device}_{self.name}.py"
+        return f"{PATHS['kernel_tests']}/test_{self.device}_{self.name}.py"
 
     def files(self, package: str) -> list[str]:
         """Every file add-op writes for it."""

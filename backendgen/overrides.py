@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from backendgen.customop import AUTOGRAD_DIR, _camel, saved_argument
 from backendgen.errors import UserError
 from backendgen.opdb import ArgKind, Op
+from backendgen.project import PATHS
 
 
 NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
@@ -37,7 +38,7 @@ class Override:
 
     @property
     def test(self) -> str:
-        return f"tests/ops/test_autograd_{self.stem}.py"
+        return f"{PATHS['kernel_tests']}/test_autograd_{self.stem}.py"
 
     @property
     def files(self) -> list[str]:

@@ -16,15 +16,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backendgen import manifest
 from backendgen.errors import LockedError, ProjectError
 from backendgen.files import write_atomic
 
 METADATA_FILE = "backendgen.json"
 METADATA_FORMAT = 1
 LOCK_FILE = ".backendgen.lock"
-REGISTRATION_FILE = "csrc/aten/ops/generated/registration.cpp"  # every add-op kernel's m.impl, generated
-COMPILE_TESTS = "tests/test_compile.py"  # torch.compile on the device (opt-in: pytest -m compile)
-DISTRIBUTED_TESTS = "tests/distributed"  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
+# where things live in a project: the template's manifest says (template/template.json "paths")
+PATHS = manifest.load().paths
+REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, generated
+COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
+DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
 _REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
 
 
@@ -83,8 +86,6 @@ class Project:
     @property
     def features(self) -> frozenset[str]:
         """The manifest's named features its template has (backendgen.manifest)."""
-        from backendgen import manifest
-
         return manifest.load().features_of(self.template_version)
 
     @property

@@ -36,7 +36,7 @@ from backendgen.files import sha256_text
 from backendgen.history import current_version, template_of
 from backendgen.merge import has_markers, merge3
 from backendgen.opdb import OpDB
-from backendgen.project import METADATA_FILE, REGISTRATION_FILE, OpRecord, Project
+from backendgen.project import METADATA_FILE, PATHS, REGISTRATION_FILE, OpRecord, Project
 from backendgen.textenum import TextEnum
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
@@ -45,7 +45,7 @@ from backendgen.textenum import TextEnum
 # they are not in the tree at all; setup.py itself is merged, since teams edit it (their SDK's
 # sources and libraries).
 TOOL_OWNED = (REGISTRATION_FILE, METADATA_FILE)
-HARNESS = "tests/ops/harness.py"  # add-op's test harness (template ops/harness.py.j2)
+HARNESS = PATHS["kernel_harness"]  # add-op's test harness (template ops/harness.py.j2)
 
 
 class Action(TextEnum):
@@ -471,7 +471,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
     files = _kernel_files(project)
     for rec in project.ops:
         op = db.get(rec.op)
-        where = rec.source or "csrc/aten"
+        where = rec.source or PATHS["template_kernels"]
         if op is None:
             matches = db.close_matches(rec.op)
             fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"removed from torch {db.torch_version}: "

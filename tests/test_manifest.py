@@ -5,18 +5,18 @@ here, naming what was forgotten, rather than at a user's `backendgen check`."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from backendgen import contract, manifest, support
+from backendgen import check, contract, manifest, support
+from backendgen.check import check_project
 from backendgen.opdb import load_opdb
+from backendgen.project import Project
+from conftest import patch_integration_point
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,40 +158,20 @@ def test_a_source_folder_no_unity_group_compiles_is_named(template_copy):
     assert contract.audit(template_copy) == ["csrc/collectives/ring.cpp: no unity group in setup.py's GROUPS compiles it"]
 
 
-_REGISTERED = r"""
-import json, sys
-import torch
-import importlib
-wanted = json.loads(sys.argv[1])
-importlib.import_module(wanted["package"])
-out = {"missing": [], "undefined": []}
-for key, ops in wanted["registers"].items():
-    for op in ops:
-        if op == "_::fallback":
-            continue  # a fallback has no per-operator entry to look up
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(op, key):
-            out["missing"].append(f"{op} at {key}")
-for op in wanted["defines"]:
-    ns, name = op.split("::")
-    if not hasattr(getattr(torch.ops, ns), name):
-        out["undefined"].append(op)
-print(json.dumps(out))
-"""
+
+def test_check_finds_every_registration_the_manifest_lists_in_the_built_backend(installed):
+    """The contract from the dispatcher of a built backend: `check` looks up each operator a point
+    registers at its dispatch key, and each one it defines."""
+    report = check_project(Project.load(installed))
+    assert [f for f in report.findings if f.area == "extension" and f.severity != "ok"] == []
+    asked = check._expected_keys(Project.load(installed))
+    assert "PrivateUse1" in asked["aten::empty_strided"] and "Conjugate" in asked["aten::_copy_from"]
+    assert any(op.endswith("::host_view") for op in asked)
 
 
-def test_the_built_backend_registers_what_the_manifest_lists(installed):
-    """The same contract, from the dispatcher of a built backend: each operator a point lists has a
-    kernel at its dispatch key, each one it defines exists."""
-    package = json.loads((installed / "backendgen.json").read_text())["package"]
-    m = manifest.load()
-    registers: dict[str, list[str]] = {}
-    for point in m.integration_points:
-        for key, ops in point.registers.items():
-            registers.setdefault(key, []).extend(ops)
-    defines = [d.replace("{package}", package) for p in m.integration_points for d in p.defines]
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    proc = subprocess.run([sys.executable, "-c", _REGISTERED, json.dumps(
-        {"package": package, "registers": registers, "defines": defines})], capture_output=True, text=True, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout) == {"missing": [], "undefined": []}
-    assert len(defines) >= 3 and sum(map(len, registers.values())) >= 25
+def test_check_names_a_registration_the_built_backend_lacks(installed, monkeypatch):
+    patch_integration_point(monkeypatch, "minimal operators", lambda point: {
+        "registers": {**point.registers, "PrivateUse1": (*point.registers["PrivateUse1"], "aten::fill_.Scalar")}})
+    [finding] = [f for f in check_project(Project.load(installed)).findings
+                 if f.area == "extension" and f.severity != "ok"]
+    assert finding.subject == "aten::fill_.Scalar" and "registers no PrivateUse1 kernel" in finding.message
