@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from backendgen import support
 from backendgen.environment import installed_torch
 from backendgen.errors import EnvironmentProblem, UnknownOpError, UserError
 from backendgen.files import sha256_of, write_atomic
@@ -41,7 +42,7 @@ def torch_info() -> TorchInfo:
     """Locate the installed torch and its torchgen without importing torch."""
     torch = installed_torch()
     if torch.torch_dir is None:
-        raise EnvironmentProblem("torch is not installed in this environment (pip install torch==2.13.0)")
+        raise EnvironmentProblem(f"torch is not installed in this environment (pip install torch=={support.tested()[0]})")
     version = torch.version
     if version is None:
         raise EnvironmentProblem("torch is importable but has no package metadata; reinstall torch")

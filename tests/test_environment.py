@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from conftest import read_only, run_cli, unique_device
 def test_torch_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    with pytest.raises(EnvironmentProblem, match=r"torch is not installed.*pip install torch==2.13.0"):
+    with pytest.raises(EnvironmentProblem, match=rf"torch is not installed.*pip install torch=={re.escape(support.TESTED[0])}"):
         opdb.torch_info()
 
 
