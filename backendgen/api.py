@@ -18,6 +18,7 @@ from pathlib import Path
 
 from backendgen import __version__, addop, amp, build, kernelgen, manifest, naming, registration, render
 from backendgen.addop import AddOpsResult, RemoveOpsResult
+from backendgen.drift import Drift, classify
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
@@ -459,13 +460,11 @@ def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bo
 
 
 def _accept(project: Project, db: OpDB) -> dict:
-    from backendgen.check import signature_types
-
     before = dict(project.data["torch"])
     updated = []
     for rec in project.ops:
         op = db.get(rec.op)
-        if op is None or signature_types(op.signature) != signature_types(rec.signature):
+        if classify(rec.signature, op, schema_unchanged=False) in (Drift.REMOVED, Drift.SIGNATURE_CHANGED):
             raise ProjectError(f"{rec.op} does not fit the installed torch; run backendgen check")  # check said it does
         overloads = [o.qualified for o in db.overloads(op.base)] if rec.overloads else rec.overloads
         if (rec.schema, rec.signature, rec.overloads) != (op.qualified_schema, op.signature, overloads):

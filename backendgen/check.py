@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, customop, manifest, support
+from backendgen.drift import Drift, classify, signature_types
 from backendgen.environment import subprocess_env
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
@@ -64,13 +65,10 @@ class Kind(TextEnum):
     MISSING_KERNEL = "missing_kernel"
     NEW_OVERLOADS = "new_overloads"
     PROBE = "probe"
-    REMOVED = "removed"
-    SCHEMA_CHANGED = "schema_changed"
-    SIGNATURE_CHANGED = "signature_changed"
     TESTED = "tested"
     TOO_OLD = "too_old"
-    UNCHANGED = "unchanged"
     UNTESTED = "untested"
+    # and a schema finding's drift.Drift (unchanged, schema_changed, signature_changed, removed)
 
 # What check itself needs of torch besides the template's extension points (the manifest's).
 PROBE_APIS = ("torch._C._dispatch_find_dangling_impls",)
@@ -164,14 +162,16 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
     exist in the installed torch, and the library registers each of their kernels."""
     for d in project.autograd_overrides:
         op = db.get(d["op"])
-        if op is None or op.qualified != d["op"]:
+        if op is not None and op.qualified != d["op"]:
+            op = None
+        kind = classify(d["signature"], op, schema_unchanged=op is not None and op.qualified_schema == d["schema"])
+        if kind is Drift.REMOVED:
             report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
-                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind=Kind.REMOVED)
-        elif op.qualified_schema != d["schema"]:
-            same = signature_types(d["signature"]) == signature_types(op.signature)
-            report.add(Area.SCHEMA, Severity.WARNING if same else Severity.ERROR, d["op"],
+                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind=kind)
+        elif kind is not Drift.UNCHANGED:
+            report.add(Area.SCHEMA, Severity.WARNING if kind is Drift.SCHEMA_CHANGED else Severity.ERROR, d["op"],
                        f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
-                       kind=Kind.SCHEMA_CHANGED if same else Kind.SIGNATURE_CHANGED, old=d["schema"], new=op.qualified_schema)
+                       kind=kind, old=d["schema"], new=op.qualified_schema)
     for d in project.custom_ops:
         if not d.get("signature"):
             continue
@@ -185,12 +185,12 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
         if signature_types(now) != signature_types(d["signature"]):
             report.add(Area.SCHEMA, Severity.ERROR, d["op"],
                        f"torch {db.torch_version} types its schema differently: {d['signature']}  ->  {now}; "
-                       f"edit the kernels in {d['source']} to the new types", kind=Kind.SIGNATURE_CHANGED,
+                       f"edit the kernels in {d['source']} to the new types", kind=Drift.SIGNATURE_CHANGED,
                        old_signature=d["signature"], new_signature=now, source=d["source"])
     for name in (project.amp_table or {}):
         if db.get(name) is None:
             report.add(Area.SCHEMA, Severity.ERROR, f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
-                       f"backendgen amp set {name} none", kind=Kind.REMOVED)
+                       f"backendgen amp set {name} none", kind=Drift.REMOVED)
     load = probed.get("load") or {}
     if not load.get("ok"):
         return
@@ -272,30 +272,33 @@ def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict
     for rec in project.ops:
         op = db.get(rec.op)
         entry = live.get(rec.op, {})
-        if op is None or (probed is not None and entry.get("live") is None):
+        if probed is not None and entry.get("live") is None:
+            op = None  # the live dispatcher has no such operator
+        recorded_c = entry.get("recorded", rec.schema)
+        live_c = entry.get("live", op.qualified_schema if op is not None else None)
+        kind = classify(rec.signature, op, schema_unchanged=recorded_c == live_c)
+        if kind is Drift.REMOVED:
             base = rec.op.removeprefix("aten::").split(".")[0]
             matches = db.close_matches(rec.op)
             hint = f"; close matches: {', '.join(matches)}" if matches else ""
             report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
-                       kind=Kind.REMOVED, close_matches=matches, base=base)
+                       kind=kind, close_matches=matches, base=base)
             continue
-        recorded_c = entry.get("recorded", rec.schema)
-        live_c = entry.get("live", op.qualified_schema)
         new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
         if rec.overloads and new_overloads:
             report.add(Area.SCHEMA, Severity.INFO, rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
                        kind=Kind.NEW_OVERLOADS, overloads=new_overloads)
-        if recorded_c == live_c:
-            report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=Kind.UNCHANGED)
-        elif signature_types(rec.signature) == signature_types(op.signature):
+        if kind is Drift.UNCHANGED:
+            report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=kind)
+        elif kind is Drift.SCHEMA_CHANGED:
             report.add(Area.SCHEMA, Severity.WARNING, rec.op,
                        "schema changed but the C++ kernel signature did not: check the kernel's semantics",
-                       kind=Kind.SCHEMA_CHANGED, old=recorded_c, new=live_c)
+                       kind=kind, old=recorded_c, new=live_c)
         else:
             report.add(Area.SCHEMA, Severity.ERROR, rec.op,
                        f"kernel signature changed: {rec.signature}  ->  {op.signature}",
-                       kind=Kind.SIGNATURE_CHANGED, old=recorded_c, new=live_c,
+                       kind=kind, old=recorded_c, new=live_c,
                        old_signature=rec.signature, new_signature=op.signature, source=rec.source)
 
 
@@ -317,24 +320,6 @@ def crash_summary(stderr: str) -> str:
     if head is not None and head not in tail:
         tail = [head, *tail]
     return " | ".join(tail)
-
-
-def signature_types(signature: str) -> str:
-    """A C++ signature without its name and argument names: what decides whether a kernel still fits."""
-    ret_and_name, _, args = signature.partition("(")
-    ret = ret_and_name.rsplit(" ", 1)[0].strip()
-    parts, depth, cur = [], 0, ""
-    for ch in args.rstrip().removesuffix(")"):
-        depth += ch in "<(" and 1 or ch in ">)" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur)
-    types = [p.strip().rsplit(" ", 1)[0].strip() for p in parts]
-    return f"{ret}({', '.join(types)})"
 
 
 def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
@@ -493,10 +478,10 @@ def render_report(report: CheckReport, out) -> None:
     colors = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.ERROR: "red"}
     rows = []
     for f in report.findings:
-        if f.severity is Severity.OK and f.area is Area.SCHEMA and f.detail.get("kind") is Kind.UNCHANGED:
+        if f.severity is Severity.OK and f.area is Area.SCHEMA and f.detail.get("kind") is Drift.UNCHANGED:
             continue  # one line per changed op is enough; unchanged ones are counted below
         rows.append([f.area, styled(f.severity, colors[f.severity]), f.subject, f.message])
-    unchanged = sum(1 for f in report.of(Area.SCHEMA) if f.detail.get("kind") is Kind.UNCHANGED)
+    unchanged = sum(1 for f in report.of(Area.SCHEMA) if f.detail.get("kind") is Drift.UNCHANGED)
     if unchanged:
         rows.append(["schema", styled("ok", "green"), f"{unchanged} operators", "schemas unchanged"])
     out.table(["area", "", "subject", "finding"], rows)

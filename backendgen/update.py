@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import __version__, addop, kernelgen, manifest, naming
+from backendgen.drift import Drift, argument_names, classify
 from backendgen.errors import ProjectError
 from backendgen.files import sha256_text
 from backendgen.history import current_version, template_of
@@ -437,53 +438,31 @@ def refresh_template_records(project: Project, db: OpDB) -> None:
 
 # --- --torch ------------------------------------------------------------------------------------------
 
-def _arg_names(signature: str) -> list[str]:
-    from backendgen.check import signature_types
-
-    types = signature_types(signature)
-    _, _, args = signature.partition("(")
-    full = [a.strip() for a in _split_args(args.rstrip().removesuffix(")"))]
-    return [a.rsplit(" ", 1)[-1] for a in full if a] if types else []
-
-
-def _split_args(args: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in args:
-        depth += 1 if ch in "<(" else -1 if ch in ">)" else 0
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return parts
-
-
 def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> set[str]:
     """Re-derive every recorded operator's signature from the installed torch. Where only types
     changed, rewrite the kernel's signature line(s) (the static_assert names the dispatcher's type, so
     it follows by itself) — or the whole file if add-op's text is unedited; where only names
     changed, update the record (as check --accept does). Everything else is listed as unfixable.
     Returns the kernel files it could not fix (plan_kernels leaves them alone)."""
-    from backendgen.check import signature_types
-
     fixes: list[TorchFix] = []
     files = _kernel_files(project)
     for rec in project.ops:
         op = db.get(rec.op)
         where = rec.source or PATHS["template_kernels"]
-        if op is None:
+        kind = classify(rec.signature, op, schema_unchanged=op is not None and (rec.schema, rec.signature) == (op.qualified_schema, op.signature))
+        if kind is Drift.UNCHANGED:
+            continue
+        if kind is Drift.REMOVED:
             matches = db.close_matches(rec.op)
             fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"removed from torch {db.torch_version}: "
                                   f"port the kernel or backendgen remove-op {rec.op}", close_matches=matches))
             continue
-        if signature_types(op.signature) == signature_types(rec.signature):
-            if (rec.schema, rec.signature) != (op.qualified_schema, op.signature):
-                rec.schema, rec.signature = op.qualified_schema, op.signature
-                if rec.overloads:
-                    rec.overloads = [o.qualified for o in db.overloads(op.base)]
-                project.add_op(rec)
-                fixes.append(TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated"))
+        if kind is Drift.SCHEMA_CHANGED:
+            rec.schema, rec.signature = op.qualified_schema, op.signature
+            if rec.overloads:
+                rec.overloads = [o.qualified for o in db.overloads(op.base)]
+            project.add_op(rec)
+            fixes.append(TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated"))
             continue
         if rec.origin != "add-op":
             fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"its kernel is part of the template ({where}): "
@@ -495,7 +474,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
             # unedited: plan_kernels rewrites the whole file for the new torch
             fixes.append(TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}"))
             continue
-        if _arg_names(op.signature) != _arg_names(rec.signature):
+        if argument_names(op.signature) != argument_names(rec.signature):
             fixes.append(TorchFix(rec.op, rec.source, Fix.UNFIXABLE, f"arguments changed: {rec.signature} -> "
                                   f"{op.signature}; edit the kernel to the new signature"))
             continue

@@ -188,9 +188,24 @@ def test_not_built(rendered_project, tmp_path):
 
 def test_renamed_argument_keeps_the_kernel_signature():
     """2.13 -> 2.14 renamed _cdist_backward's `grad` to `grad_output`: the kernel still fits."""
-    from backendgen.check import signature_types
+    from backendgen.drift import signature_types
 
     old = "at::Tensor _cdist_backward(const at::Tensor & grad, const at::Tensor & x1, double p)"
     new = "at::Tensor _cdist_backward(const at::Tensor & grad_output, const at::Tensor & x1, double p)"
     assert signature_types(old) == signature_types(new)
     assert signature_types(old) != signature_types(old.replace("double p", "c10::SymInt p"))
+
+
+def test_drift_is_classified_once_for_check_and_update():
+    from backendgen.drift import Drift, argument_names, classify
+    from backendgen.opdb import load_opdb
+
+    op = load_opdb().resolve("topk")
+    renamed = op.signature.replace(" k,", " kk,")
+    retyped = op.signature.replace("c10::SymInt k", "int64_t k")
+    assert retyped != op.signature and renamed != op.signature
+    assert classify(op.signature, None, schema_unchanged=False) is Drift.REMOVED
+    assert classify(op.signature, op, schema_unchanged=True) is Drift.UNCHANGED
+    assert classify(renamed, op, schema_unchanged=False) is Drift.SCHEMA_CHANGED
+    assert classify(retyped, op, schema_unchanged=False) is Drift.SIGNATURE_CHANGED
+    assert argument_names(renamed)[:2] == ["self", "kk"] and argument_names("void f()") == []
