@@ -73,7 +73,7 @@ def edit_transaction(project: Project) -> Transaction:
 # --- records (backendgen.json) ---------------------------------------------------------------------
 
 def template_record(db: OpDB, op: Op) -> OpRecord:
-    """The record of an operator the template registers itself (template.json builtin_ops)."""
+    """The record of an operator the template registers itself (manifest.builtin_ops)."""
     return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source=PATHS["template_kernels"],
                     origin="template", overloads=[o.qualified for o in db.overloads(op.base)])
 

@@ -1,4 +1,4 @@
-"""The support matrix (backendgen/support.py TESTED) and the real upgrade, as a user meets them.
+"""The support matrix (the manifest's tested torch versions, support.TESTED) and the real upgrade, as a user meets them.
 
 For each tested torch: a FRESH virtualenv with `torch==X` and this repo installed plainly (a wheel
 built once per session, no extras), then in an empty directory `backendgen new`, `add-op` of a few
