@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen import manifest
 from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
 from backendgen.files import replacing, sha256_of, write_atomic
@@ -336,9 +337,11 @@ class BuildRecord:
         """After a source file was added or removed: let setup.py rewrite its unity files (its
         `unity` command imports no torch) and say whether ninja's build file compiles exactly the
         sources it lists now. If so the record is brought up to date and the fast path holds."""
-        proc = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, env=env, capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, check=False)
-        listed = [ln.removeprefix("sources: ") for ln in proc.stdout.splitlines() if ln.startswith("sources: ")]
+        protocol = manifest.load().build  # setup.py's command that writes the unity files and lists the sources
+        proc = subprocess.run([sys.executable, "setup.py", "-q", protocol["sources_command"]], cwd=root, env=env,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        prefix = protocol["sources_prefix"]
+        listed = [ln.removeprefix(prefix) for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
         if proc.returncode != 0 or len(listed) != 1:
             return False  # e.g. a project from an older template, whose setup.py has no `unity` command
         try:

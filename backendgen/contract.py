@@ -8,7 +8,9 @@
   its integration point's entry does not list, or a listed one the C++ does not make;
 - a torch API an entry names that none of its files (or add-op's kernel templates) uses;
 - a C++ file, or a folder backendgen generates C++ into, that no unity group of the template's
-  `setup.py` (`GROUPS`) compiles.
+  `setup.py` (`GROUPS`) compiles, or a `setup.py` without the command `build` names;
+- a name generated kernels call (`kernels::NAME` in backendgen's generators and `template/ops/`)
+  that no integration point `provides`, or a provided one its files do not declare.
 
 `api_problems(manifest)` checks that every API the manifest names exists in the installed torch.
 tests/test_manifest.py runs both; `python -m backendgen.contract` prints them for the template.
@@ -96,6 +98,8 @@ def audit(template: Path | None = None) -> list[str]:
             if not any(fnmatch.fnmatchcase(f, pattern) for f in files):
                 problems.append(f"{point.name}: {path} is in {MANIFEST_FILE} but not in the template")
     problems += _uncompiled(files, m)
+    problems += _setup_protocol(files, m)
+    problems += _provided(template, files, m)
     for point in m.integration_points:
         texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
         found_reg: dict[str, set[str]] = defaultdict(set)
@@ -126,6 +130,36 @@ def audit(template: Path | None = None) -> list[str]:
                          for n in names if not re.search(rf"\b{re.escape(n)}\b", used)]
         problems += [f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
                      for n in point.python_apis if n.rsplit(".", 1)[-1] not in used]
+    return problems
+
+
+def _setup_protocol(files: dict[str, Path], m: Manifest) -> list[str]:
+    """The command backendgen runs to list a build's sources (build.BuildRecord.units_still_match)."""
+    text = files["setup.py"].read_text() if "setup.py" in files else ""
+    command, prefix = m.build["sources_command"], m.build["sources_prefix"].strip()
+    problems = []
+    if not re.search(rf"cmdclass=\{{[^}}]*\"{re.escape(command)}\":", text):
+        problems.append(f"setup.py: no `{command}` command in its cmdclass ({MANIFEST_FILE} build.sources_command)")
+    if f'print("{prefix}"' not in text:
+        problems.append(f"setup.py: its `{command}` command does not print {prefix!r} ({MANIFEST_FILE} build.sources_prefix)")
+    return problems
+
+
+_KERNEL_NAME = re.compile(r"(?:\{K\}|kernels)::([A-Za-z_]\w*)")
+
+
+def _provided(template: Path, files: dict[str, Path], m: Manifest) -> list[str]:
+    """Names generated code calls in the template's kernel helpers, against the points' `provides`."""
+    here = Path(__file__).resolve()
+    generators = [*(p for p in sorted(here.parent.glob("*.py")) if p.name not in (here.name, "manifest.py")),
+                  *sorted((template / "ops").glob("*.j2"))]
+    called = {name for path in generators for name in _KERNEL_NAME.findall(path.read_text())}
+    provided = {name: point for point in m.integration_points for name in point.provides}
+    problems = [f"generated code calls kernels::{name}, which no integration point provides" for name in sorted(called - set(provided))]
+    for name, point in provided.items():
+        texts = [files[f].read_text() for f in files if point.specificity(f) and f.endswith(".h")]
+        if not any(re.search(rf"\b{re.escape(name)}\b", t) for t in texts):
+            problems.append(f"{point.name}: provides {name}, which its headers do not declare")
     return problems
 
 

@@ -5,9 +5,11 @@ It is the one place that says
   (`torch.tested`) and needs at least (`torch.minimum`);
 - the named features an older template lacks (`features`: each with the template version that
   introduced it), so code asks `"common_device" in features_of(version)`, never compares versions;
-- where things live in a generated project (`paths`);
+- where things live in a generated project (`paths`), and how backendgen asks its `setup.py` for
+  the sources a build compiles (`build`);
 - every integration point: the files it owns (`paths`, shown in the generated README, and
-  `more_files`), what it does and what a hardware team replaces, the operators it registers
+  `more_files`), what it does and what a hardware team replaces, the C++ names it provides to
+  generated kernels (`provides`), the operators it registers
   (`registers`: dispatch key -> `ns::op`, `_::fallback` for a fallback) and defines (`defines`),
   its static registrations (`statics`), and the torch APIs it uses (`cpp_apis`: header -> names;
   `python_apis`: dotted names; `python_sources`: torch source file -> text it must contain);
@@ -59,6 +61,7 @@ class IntegrationPoint:
     about: str
     replace: str  # what a hardware team replaces (the generated README's "replace first?" column)
     more_files: tuple[str, ...] = ()  # files it owns that the README row does not name
+    provides: tuple[str, ...] = ()  # C++ names generated code calls (kernel_support.h's `kernels::NAME`)
     registers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dispatch key -> "ns::op" / "_::fallback"
     defines: tuple[str, ...] = ()  # operators it defines ("{package}::name")
     statics: tuple[str, ...] = ()  # static registrations (REGISTER_ALLOCATOR, ...)
@@ -95,6 +98,7 @@ class Manifest:
     torch_tested: tuple[str, ...]
     features: dict[str, Feature]
     paths: dict[str, str]
+    build: dict[str, str]  # the project's setup.py protocol: the command that lists its sources, and its line
     shared_files: tuple[str, ...]  # files several integration points use (runtime.h)
     integration_points: tuple[IntegrationPoint, ...]
     default_ops: tuple[str, ...]
@@ -138,7 +142,7 @@ def parse(data: dict) -> Manifest:
     points = tuple(
         IntegrationPoint(
             name=p["name"], paths=tuple(p["paths"]), about=p["about"], replace=p["replace"],
-            more_files=tuple(p.get("more_files", ())), registers=_tuple_map(p.get("registers")),
+            more_files=tuple(p.get("more_files", ())), provides=tuple(p.get("provides", ())), registers=_tuple_map(p.get("registers")),
             defines=tuple(p.get("defines", ())), statics=tuple(p.get("statics", ())),
             cpp_apis=_tuple_map(p.get("cpp_apis")), python_apis=tuple(p.get("python_apis", ())),
             python_sources=_tuple_map(p.get("python_sources")), optional=bool(p.get("optional", False)),
@@ -151,6 +155,7 @@ def parse(data: dict) -> Manifest:
         torch_tested=tuple(data["torch"]["tested"]),
         features={n: Feature(n, int(f["since"]), f["about"]) for n, f in data["features"].items()},
         paths=dict(data["paths"]),
+        build=dict(data["build"]),
         shared_files=tuple(data.get("shared_files", ())),
         integration_points=points,
         default_ops=tuple(data["default_ops"]),

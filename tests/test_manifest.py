@@ -89,6 +89,22 @@ def test_a_listed_registration_or_api_the_template_lacks_is_named(template_copy)
     ]
 
 
+
+def test_kernel_helpers_and_the_setup_protocol_are_held_to_the_manifest(template_copy):
+    def change(d):
+        provides = _point(d, "kernel support")["provides"]
+        provides.remove("StreamScope")
+        provides.append("launch_on_stream")
+
+    _edit_manifest(template_copy, change)
+    setup = template_copy / contract.PROJECT_DIR / "setup.py"
+    setup.write_text(setup.read_text().replace('print("sources:"', 'print("files:"'))
+    assert sorted(contract.audit(template_copy)) == [
+        "generated code calls kernels::StreamScope, which no integration point provides",
+        "kernel support: provides launch_on_stream, which its headers do not declare",
+        "setup.py: its `unity` command does not print 'sources:' (template.json build.sources_prefix)",
+    ]
+
 def test_registrations_are_read_from_the_cpp():
     cpp = textwrap.dedent("""
     // TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("commented_out", f); }
