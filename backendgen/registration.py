@@ -10,10 +10,9 @@ hand, which it refuses to touch. A deleted file is simply written again.
 
 from __future__ import annotations
 
-import hashlib
-
 from backendgen import amp, customop, overrides
 from backendgen.errors import ProjectError, UserError
+from backendgen.files import sha256_text
 from backendgen.opdb import OpDB
 from backendgen.project import REGISTRATION_FILE, Project, Transaction
 
@@ -45,7 +44,7 @@ def render(entries: list[dict], *, device: str, fallbacks: list[str] = (), custo
         mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
         overrides=overrides_view, amp=list(amp),
     )
-    return f"{text}{_SEAL}{hashlib.sha256(text.encode()).hexdigest()}\n"
+    return f"{text}{_SEAL}{sha256_text(text)}\n"
 
 
 def fallback_registrations(db: OpDB, is_native) -> list[str]:
@@ -69,7 +68,7 @@ def fallback_registrations(db: OpDB, is_native) -> list[str]:
 def is_pristine(text: str) -> bool:
     """Whether `text` is a registration file exactly as backendgen wrote it."""
     body, sep, seal = text.rstrip("\n").rpartition("\n" + _SEAL)
-    return bool(sep) and seal == hashlib.sha256((body + "\n").encode()).hexdigest()
+    return bool(sep) and seal == sha256_text(body + "\n")
 
 
 def text(project: Project, db: OpDB) -> str:
