@@ -214,7 +214,8 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
         text = log.read_text(errors="replace")
         # Ctrl-C reaches the whole process group: when ninja (or pip) dies of it before this process
         # sees its own KeyboardInterrupt, the build's failure is that interrupt, not a build error
-        if proc.returncode in (130, -signal.SIGINT) or re.search(r"returned non-zero exit status (130|-2)\.", text[-4000:]):
+        # (anywhere in the log: pip -v prints pages after its build backend's traceback)
+        if proc.returncode in (130, -signal.SIGINT) or re.search(r"returned non-zero exit status (130|-2)\.", text):
             raise KeyboardInterrupt
         raise BuildError("build failed", log=log, first_error=first_error(text))
 

@@ -164,3 +164,15 @@ def test_a_file_a_unity_group_names_is_compiled_in_that_group_only(with_units):
                          check=True, env=dict(env, **{f"{device}_UNITY_BUILD": "0"}))
     files = json.loads(out.stdout.split("sources: ", 1)[1])
     assert files.count("csrc/runtime/profiler.cpp") == 1 and "csrc/runtime/extra.cpp" in files
+
+
+def test_a_build_whose_compiler_died_of_ctrl_c_is_an_interrupt_however_much_pip_prints_after(tmp_path):
+    log = tmp_path / "backendgen-build.log"
+    died = "subprocess.CalledProcessError: Command '['ninja', '-v', '-j', '2']' returned non-zero exit status 130.\n"
+    log.write_text("building\n" + died + "  pip's notes after the traceback\n" * 400)
+    failed = subprocess.CompletedProcess(["pip"], 1)
+    with pytest.raises(KeyboardInterrupt):
+        build._raise_if_failed(failed, log)
+    log.write_text("building\nerror: no member named 'foo'\n" + "  pip's notes\n" * 400)
+    with pytest.raises(build.BuildError):
+        build._raise_if_failed(failed, log)

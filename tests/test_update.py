@@ -150,7 +150,7 @@ def test_every_earlier_template_version_is_stored():
     assert history.missing_versions() == [], "python -m backendgen.history --snapshot N COMMIT (see backendgen/history.py)"
     for version in range(1, CURRENT + 1):
         with history.template_of(version) as tpl:
-            assert json.loads((tpl / "template.json").read_text())["template_version"] == str(version)
+            assert int(json.loads((tpl / "template.json").read_text())["template_version"]) == version
             assert (tpl / "cookiecutter.json").is_file() and (tpl / "ops" / "kernel.cpp.j2").is_file()
 
 
