@@ -70,25 +70,22 @@ class IntegrationPoint:
     python_sources: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file under torch/ -> text
     optional: bool = False  # the device works without it (a missing API is a warning, not an error)
 
-    def patterns(self, package: str = "{package}") -> list[str]:
-        """fnmatch patterns of the files it owns, with `package` for `{package}`."""
+    def patterns(self) -> list[str]:
+        """fnmatch patterns of the project files it owns (`{package}` left as it is)."""
         out = []
         for p in (*self.paths, *self.more_files):
-            p = re.sub(r"<[^>]+>", "*", p.replace("{package}", package))
+            p = re.sub(r"<[^>]+>", "*", p)
             out.append(p + "*" if p.endswith("/") else p)
         return out
 
-    def specificity(self, path: str, package: str = "{package}") -> int:
+    def specificity(self, path: str) -> int:
         """How closely it claims `path` (the length of its longest pattern that matches, 0: it does
         not). A header belongs with its source of the same stem (`fallback.h` with `fallback.cpp`)."""
         candidates = [path]
         if path.endswith(".h"):
             candidates.append(path[:-2] + ".cpp")
-        return max((len(pat) for pat in self.patterns(package) for c in candidates if fnmatch.fnmatchcase(c, pat)),
+        return max((len(pat) for pat in self.patterns() for c in candidates if fnmatch.fnmatchcase(c, pat)),
                    default=0)
-
-    def cpp_api_count(self) -> int:
-        return sum(map(len, self.cpp_apis.values()))
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,6 @@ class Manifest:
     integration_points: tuple[IntegrationPoint, ...]
     default_ops: tuple[str, ...]
     default_amp: dict[str, str]
-    raw: dict  # the file as read, for the template's own rendering (render.render_into)
 
     def features_of(self, template_version: int) -> frozenset[str]:
         """The features a project from `template_version` has."""
@@ -123,14 +119,6 @@ class Manifest:
         """The ATen operators (without `aten::`) the template registers at PrivateUse1 itself."""
         return [op.removeprefix("aten::") for p in self.integration_points
                 for op in p.registers.get("PrivateUse1", ()) if op.startswith("aten::")]
-
-    def point(self, name: str) -> IntegrationPoint:
-        return next(p for p in self.integration_points if p.name == name)
-
-    def owner(self, path: str, package: str = "{package}") -> IntegrationPoint | None:
-        """The integration point that owns project file `path` (the most specific claim), or None."""
-        best = max(self.integration_points, key=lambda p: p.specificity(path, package))
-        return best if best.specificity(path, package) else None
 
 
 def _tuple_map(d: dict | None) -> dict[str, tuple[str, ...]]:
@@ -160,7 +148,6 @@ def parse(data: dict) -> Manifest:
         integration_points=points,
         default_ops=tuple(data["default_ops"]),
         default_amp=dict(data["default_amp"]),
-        raw=data,
     )
 
 

@@ -9,7 +9,6 @@ a previously generated project aside (to a backup) before the new one takes its 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -17,7 +16,8 @@ import time
 from pathlib import Path
 
 from backendgen.errors import OutputExistsError
-from backendgen.manifest import MANIFEST_FILE, template_dir
+from backendgen import manifest
+from backendgen.manifest import template_dir
 from backendgen.project import METADATA_FILE
 
 
@@ -60,7 +60,7 @@ def render_into(staging: Path, context: dict[str, str], *, template: Path | None
     # points make the generated README's "What is where" table
     for key, value in context.items():
         ctx["cookiecutter"].setdefault(key, value)
-    ctx["cookiecutter"]["_manifest"] = json.loads((tpl / MANIFEST_FILE).read_text())
+    ctx["cookiecutter"]["_manifest"] = manifest.read(tpl)
     cache = bytecode_cache()
     if cache is not None:  # cookiecutter passes these to its jinja2 Environment
         ctx["cookiecutter"]["_jinja2_env_vars"] = {"bytecode_cache": cache}
