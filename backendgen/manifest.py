@@ -100,6 +100,10 @@ class Manifest:
     integration_points: tuple[IntegrationPoint, ...]
     default_ops: tuple[str, ...]
     default_amp: dict[str, str]
+    # torch.<device> attributes PyTorch's own Python reads (backendgen/devmodule.py): those the
+    # template's device module answers, and those that concern no PrivateUse1 device, with why
+    device_module_provides: tuple[str, ...] = ()
+    device_module_not_needed: dict[str, str] = field(default_factory=dict)
 
     def features_of(self, template_version: int) -> frozenset[str]:
         """The features a project from `template_version` has."""
@@ -148,6 +152,8 @@ def parse(data: dict) -> Manifest:
         integration_points=points,
         default_ops=tuple(data["default_ops"]),
         default_amp=dict(data["default_amp"]),
+        device_module_provides=tuple(data.get("device_module", {}).get("provides", ())),
+        device_module_not_needed=dict(data.get("device_module", {}).get("not_needed", {})),
     )
 
 

@@ -41,9 +41,10 @@ def test_tensors_live_on_the_device_they_name(mod):
 
 
 def test_invalid_device_index_is_an_error_not_a_crash(mod):
-    with pytest.raises((RuntimeError, IndexError), match="invalid|out of range|device"):
+    # RuntimeError, as CUDA, XPU and PyTorch's reference backend raise
+    with pytest.raises(RuntimeError, match="invalid|out of range|device"):
         torch.empty(2, device=f"{DEVICE}:{mod.device_count() + 5}")
-    with pytest.raises(IndexError, match="invalid device index 99"):
+    with pytest.raises(RuntimeError, match="invalid device index 99"):
         mod.set_device(99)
 
 

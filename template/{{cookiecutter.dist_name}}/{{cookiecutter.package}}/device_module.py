@@ -4,7 +4,11 @@ Devices (is_available, device_count, current_device, set_device, the `device` co
 synchronize, init/is_initialized/_lazy_init — PyTorch's lazy initialisation through the runtime's
 hooks — properties), streams and events (`Stream`, `Event`, current_stream, stream(); FSDP's
 `fully_shard` and DTensor use them), memory (statistics, reserved bytes, capacity), the CPU fallback's counters, and — re-exported from their own
-modules — random number generation and autocast support. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
+modules — random number generation and autocast support. Everything PyTorch's own Python reads
+from a device module is here (template.json "device_module" lists it; tests/test_device_module.py
+checks each; `backendgen check` names one a newer torch starts reading): `_initialized`, the
+flag activation checkpointing needs to save and restore the device's RNG state, and
+`default_generators` are answered by `__getattr__` at the end. The names Inductor looks up on a PrivateUse1 device module (`Scheduling`, ...) come from
 compiler/inductor.py, imported on first use. What a hardware team replaces: nothing — everything
 here calls into the C++ runtime, and the device properties come from the driver
 (driver::get_device_properties).
@@ -17,10 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from {{ cookiecutter.package }} import _C
+from {{ cookiecutter.package }} import _C, _utils  # noqa: F401  (_utils: serialization reads _utils._get_device_index)
 from {{ cookiecutter.package }}._utils import device_index as _index
 from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
 from {{ cookiecutter.package }}.random import (  # noqa: F401
+    _get_generator,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -247,6 +252,32 @@ def memory_stats(device=None) -> dict:
     return torch.accelerator.memory_stats(_index(device))
 
 
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of the caching allocator's statistics (what FSDP prints on an OOM), in the
+    spirit of torch.cuda.memory_summary: current and peak bytes allocated and reserved, allocation
+    counts, and the device's capacity."""
+    index = _index(device)
+    stats = memory_stats(index)
+    free, total = mem_get_info(index)
+
+    def size(n: int) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 or unit == "GiB":
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            n /= 1024
+        return str(n)
+
+    rows = [("allocated bytes", "allocated_bytes.all"), ("reserved bytes", "reserved_bytes.all"),
+            ("allocations", "allocation.all"), ("active bytes", "active_bytes.all")]
+    lines = [f"{_DEVICE}:{index} memory summary", f"{'metric':<20}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
+    for label, key in rows if not abbreviated else rows[:2]:
+        values = [stats.get(f"{key}.{k}", 0) for k in ("current", "peak", "allocated", "freed")]
+        fmt = size if "bytes" in label else str
+        lines.append(f"{label:<20}" + "".join(f"{fmt(v):>14}" for v in values))
+    lines.append(f"device capacity: {size(total)}, free: {size(free)}")
+    return "\n".join(lines)
+
+
 def reset_peak_memory_stats(device=None) -> None:
     torch.accelerator.reset_peak_memory_stats(_index(device))
 
@@ -305,8 +336,17 @@ def _inductor_backend_init() -> None:
 
 
 def __getattr__(name: str):
-    """Inductor asks a PrivateUse1 device module for its code generator by these names (torch 2.13
-    and 2.14; later ones call `_inductor_backend_init` above and fall back to these)."""
+    """Attributes whose value changes, as torch.cuda's do: `_initialized` (True once the device is
+    initialised in this process, False before and in a child forked after the parent initialised
+    it; torch.utils.checkpoint restores the device's RNG state for recomputation only when it is
+    True) and `default_generators` (one torch.Generator per device; graph-safe RNG reads it).
+    Inductor also asks a PrivateUse1 device module for its code generator by the names in
+    compiler.INDUCTOR_HOOKS (torch 2.13 and 2.14; later ones call `_inductor_backend_init` above
+    and fall back to these)."""
+    if name == "_initialized":
+        return is_initialized()
+    if name == "default_generators":
+        return tuple(_C.default_generator(i) for i in range(_C.device_count()))
     from {{ cookiecutter.package }} import compiler
 
     if name in compiler.INDUCTOR_HOOKS:

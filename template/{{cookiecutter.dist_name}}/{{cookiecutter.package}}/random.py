@@ -17,6 +17,13 @@ def default_generator(device=None) -> torch.Generator:
     return _C.default_generator(_index(device))
 
 
+def _get_generator(device: torch.device) -> torch.Generator:
+    """The default generator of `device` (its index, or the current device): AOTAutograd's
+    graph-safe RNG asks the device module for it by this name, as torch.cuda._get_generator."""
+    index = device.index if isinstance(device, torch.device) else None
+    return default_generator(_C.current_device() if index is None else index)
+
+
 def manual_seed(seed: int) -> None:
     default_generator().manual_seed(int(seed))
 

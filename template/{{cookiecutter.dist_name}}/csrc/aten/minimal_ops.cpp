@@ -183,6 +183,22 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
   return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
 }
 
+// Whether `self` may take `from`'s data in place (`param.data = moved`): nn.Module.to() keeps the
+// same Parameter object, and so tied weights stay tied, only when this is true. PyTorch's own
+// answer (TensorImpl::has_compatible_shallow_copy_type) lists CPU, CUDA and the other in-tree dense
+// devices but not PrivateUse1, so without this kernel `.to(device)` replaces every parameter and
+// two modules sharing one weight silently get two. Dense strided tensors of the device and the CPU
+// are compatible, as CPU and CUDA tensors are.
+bool plain_dense(const at::Tensor& t) {
+  return t.layout() == c10::kStrided && !t.is_nested() && !t.is_quantized() && !t.is_mkldnn() &&
+         (t.is_cpu() || t.is_privateuseone());
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  return plain_dense(self) && plain_dense(from);
+}
+
 }  // namespace {{ cookiecutter.device }}::minimal_ops
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -200,6 +216,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(ops::set_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(ops::set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(ops::set_tensor));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(ops::has_compatible_shallow_copy_type));
 }
 
 // A conjugated or negated source reaches _copy_from as it is: copy_ is conj/neg-aware, and so is

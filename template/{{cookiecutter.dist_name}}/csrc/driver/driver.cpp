@@ -61,7 +61,7 @@ struct MemoryState {
   int count = kDefaultDevices;
   std::vector<size_t> limit, used;
   std::map<const char*, Allocation> allocations;  // device address -> allocation
-  std::unordered_set<const void*> pinned;
+  std::map<const char*, size_t> pinned;  // pinned host block -> its size in bytes
   std::atomic<bool> initialized{false};  // a device was used in this process
   std::atomic<bool> bad_fork{false};
   size_t page = 4096;
@@ -267,7 +267,7 @@ Status host_malloc(void** ptr, size_t bytes) {
   if (bytes && *ptr == nullptr) return Status::out_of_memory;
   if (*ptr) {
     std::lock_guard<std::mutex> lock(memory().mu);
-    memory().pinned.insert(*ptr);
+    memory().pinned.emplace(static_cast<const char*>(*ptr), bytes);
   }
   return Status::ok;
 }
@@ -276,15 +276,20 @@ Status host_free(void* ptr) {
   if (ptr == nullptr) return Status::ok;
   {
     std::lock_guard<std::mutex> lock(memory().mu);
-    if (memory().pinned.erase(ptr) == 0) return Status::invalid_value;
+    if (memory().pinned.erase(static_cast<const char*>(ptr)) == 0) return Status::invalid_value;
   }
   std::free(ptr);
   return Status::ok;
 }
 
 bool is_host_pinned(const void* ptr) {
+  // any address inside a block counts: a tensor on a slice of a pinned storage starts past the block's start
+  const char* p = static_cast<const char*>(ptr);
   std::lock_guard<std::mutex> lock(memory().mu);
-  return memory().pinned.count(ptr) != 0;
+  auto it = memory().pinned.upper_bound(p);
+  if (it == memory().pinned.begin()) return false;
+  --it;
+  return p < it->first + it->second;
 }
 
 }  // namespace {{ cookiecutter.device }}::driver

@@ -8,6 +8,7 @@
 // priority, later requests cycle through them round-robin. A process never creates more than
 // that many streams per device and priority, however often it asks (hardware queues are few).
 // What a hardware team replaces: nothing here — the driver's stream and event calls become the SDK's.
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <algorithm>
@@ -26,8 +27,9 @@ namespace {{ cookiecutter.device }}::runtime {
 c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(driver::device_count()); }
 
 void check_device(c10::DeviceIndex index) {
-  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "invalid {{ cookiecutter.device }} device index ", int(index),
-                    ": this machine has ", int(device_count()), " {{ cookiecutter.device }} device(s)");
+  // a RuntimeError in Python, as CUDA, XPU and PyTorch's reference backend raise for a bad index
+  TORCH_CHECK(index >= 0 && index < device_count(), "invalid {{ cookiecutter.device }} device index ", int(index),
+              ": this machine has ", int(device_count()), " {{ cookiecutter.device }} device(s)");
 }
 
 c10::DeviceIndex current_device() {
@@ -146,6 +148,14 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
+
+  // torch.accelerator.get_device_capability(): the dtypes the device computes in. The emulated
+  // device runs every dtype (all bits set, c10::DeviceCapability's default); a chip without, say,
+  // float64 clears capability_data.supported_scalar_types.has_Double here.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    check_device(d.has_index() ? d.index() : current_device());
+    return c10::DeviceCapability();
+  }
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device, const c10::EventFlag flag)
       const override {
