@@ -7,7 +7,8 @@ Five areas, one finding per line:
              from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
              short-circuited when `native_functions.yaml` has the recorded hash;
 - api        the C++ and Python extension points the template relies on (each integration point's
-             in the template's manifest, backendgen/manifest.py);
+             in the template's manifest, backendgen/manifest.py), and every attribute of the
+             device module that the installed torch's own Python reads (backendgen/devmodule.py);
 - extension  the built library, loaded in a subprocess (a bad static registration aborts the
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
@@ -26,9 +27,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, customop, manifest, support
+from backendgen import __version__, customop, devmodule, manifest, support
 from backendgen.drift import Drift, classify, signature_types
-from backendgen.environment import subprocess_env
+from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import EnvironmentProblem, UserError
 from backendgen.opdb import OpDB, load_opdb
 from backendgen.project import REGISTRATION_FILE, Project
@@ -61,6 +62,7 @@ class Kind(TextEnum):
     CRASH = "crash"
     CUSTOM_SCHEMA = "custom_schema"
     DANGLING = "dangling"
+    DEVICE_MODULE = "device_module"
     LOAD = "load"
     MISSING_KERNEL = "missing_kernel"
     NEW_OVERLOADS = "new_overloads"
@@ -206,7 +208,16 @@ def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict)
                    "registered with all their kernels")
 
 
-def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
+def device_module_reads() -> dict[str, list[str]]:
+    """What the installed torch's Python reads from a device module, less what the manifest says
+    concerns no PrivateUse1 device (backendgen/devmodule.py)."""
+    torch = installed_torch()
+    if torch.torch_dir is None or torch.version is None:
+        return {}
+    return devmodule.required(devmodule.torch_reads(torch.torch_dir, torch.version), manifest.load().device_module_not_needed)
+
+
+def _start_probe(project: Project, schemas: dict[str, str], device_module: list[str]) -> subprocess.Popen:
     """Start the subprocess that needs torch (about one `import torch`); `_probe_results` collects it."""
     req = {
         "package": project.package,
@@ -214,6 +225,7 @@ def _start_probe(project: Project, schemas: dict[str, str]) -> subprocess.Popen:
         "schemas": schemas,
         "ops": [rec.op for rec in project.ops],
         "keys": _expected_keys(project),
+        "device_module": device_module,
     }
     return subprocess.Popen(
         [sys.executable, "-m", "backendgen.programs.probe", json.dumps(req)],
@@ -372,6 +384,23 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
                    f"all {counts['cpp']} C++ and {counts['py']} Python extension points present")
 
 
+def _check_device_module(report: CheckReport, project: Project, reads: dict[str, list[str]], probed: dict) -> None:
+    """Each attribute torch's own Python reads from torch.<device> (a read with a silent default
+    turns into a wrong result, e.g. checkpointing without `_initialized`) must be there."""
+    present = probed.get("device_module")
+    if present is None or not reads:
+        return  # the backend did not load: the extension area says why
+    missing = [name for name in reads if not present.get(name, True)]
+    for name in missing:
+        where = ", ".join(reads[name][:3]) + (", ..." if len(reads[name]) > 3 else "")
+        report.add(Area.API, Severity.ERROR, f"torch.{project.device}.{name}",
+                   f"torch reads it ({where}) and the device module lacks it: add it to {project.package}/device_module.py "
+                   "(docs/troubleshooting.md, \"The device module's contract\")", kind=Kind.DEVICE_MODULE, where=reads[name])
+    if not missing:
+        report.add(Area.API, Severity.OK, f"torch.{project.device}",
+                   f"answers all {len(reads)} attributes torch's own Python reads from a device module")
+
+
 def _check_extension(report: CheckReport, project: Project, probed: dict, stderr: str, returncode: int) -> set[str]:
     pkg_dir = project.root / project.package
     built = sorted(pkg_dir.glob("_C*.so"))
@@ -453,7 +482,8 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
 def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
     # The probe (one `import torch`) is most of a check: it starts first, with every recorded schema
     # (the live ones are looked up only for those; cheap), and torch's files are read meanwhile.
-    probe = _start_probe(project, {rec.op: rec.schema for rec in project.ops})
+    reads = device_module_reads()
+    probe = _start_probe(project, {rec.op: rec.schema for rec in project.ops}, sorted(reads))
     try:
         db = opdb or load_opdb()
     except BaseException:
@@ -466,6 +496,7 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
     _check_apis(report, project, db, probed)
     registered = _check_extension(report, project, probed, stderr, returncode)
+    _check_device_module(report, project, reads, probed)
     _check_extras(report, project, db, probed)
     _check_coverage(report, project, db, registered, list_ops)
     return report

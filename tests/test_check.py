@@ -209,3 +209,33 @@ def test_drift_is_classified_once_for_check_and_update():
     assert classify(renamed, op, schema_unchanged=False) is Drift.SCHEMA_CHANGED
     assert classify(retyped, op, schema_unchanged=False) is Drift.SIGNATURE_CHANGED
     assert argument_names(renamed)[:2] == ["self", "kk"] and argument_names("void f()") == []
+
+
+def test_device_module_attribute_torch_reads_is_named_when_missing(project_copy):
+    # torch.utils.checkpoint reads `_initialized`, FSDP `memory_summary`: without them training is
+    # silently wrong (dropout redrawn) or fails late. check names the attribute and where torch reads it.
+    clean = check_project(Project.load(project_copy))
+    assert [f for f in _findings(clean, "api") if f.detail.get("kind") == "device_module"] == []
+    pkg = json.loads((project_copy / "backendgen.json").read_text())["package"]
+    module = project_copy / pkg / "device_module.py"
+    module.write_text(module.read_text().replace("def memory_summary(", "def _renamed_away(", 1))
+    report = check_project(Project.load(project_copy))
+    missing = [f for f in _findings(report, "api") if f.detail.get("kind") == "device_module"]
+    assert [f.subject.rsplit(".", 1)[-1] for f in missing] == ["memory_summary"]
+    assert "fsdp" in missing[0].message and missing[0].severity == "error"
+    assert report.exit_code == 1
+
+
+def test_device_module_reads_found_in_torch_sources():
+    from backendgen import devmodule, manifest
+    from backendgen.environment import installed_torch
+
+    torch = installed_torch()
+    reads = devmodule.scan(torch.torch_dir)
+    # the reads behind real bugs: checkpointing's RNG flag, AOTAutograd's generator, serialization's index
+    assert {"_initialized", "_get_generator", "default_generators", "_utils._get_device_index"} <= set(reads)
+    assert any(w.startswith("utils/checkpoint.py:") for w in reads["_initialized"])
+    m = manifest.load()
+    # everything the installed torch reads is either provided by the template or explained
+    unexplained = set(devmodule.required(reads, m.device_module_not_needed)) - set(m.device_module_provides)
+    assert unexplained == set()

@@ -1,10 +1,11 @@
 """What `backendgen check` needs from torch, found in one process (check.py starts it first).
 
-argv[1] is JSON: {"package", "py_apis", "schemas", "ops", "keys"}. One JSON object per line on
-stdout, each as soon as it is known: {"py_apis": {path: present}}, {"schemas": {op: {"recorded"
-or "recorded_error", "live"}}}, then {"load": ...}: importing the backend's package either failed
-({"ok": false, "type", "message"}) or registered its kernels ({"ok": true, "dangling",
-"registered", "kernels", "keyed", "backend_name"}). A library that aborts the process on load
+argv[1] is JSON: {"package", "py_apis", "schemas", "ops", "keys", "device_module"}. One JSON
+object per line on stdout, each as soon as it is known: {"py_apis": {path: present}}, {"schemas":
+{op: {"recorded" or "recorded_error", "live"}}}, then {"load": ...}: importing the backend's
+package either failed ({"ok": false, "type", "message"}) or registered its kernels ({"ok": true,
+"dangling", "registered", "kernels", "keyed", "backend_name"}), then {"device_module": {name:
+present}}: which of the attributes torch reads (dotted names) torch.<device> has. A library that aborts the process on load
 leaves the first two lines, and its stderr, to say so.
 """
 
@@ -72,6 +73,21 @@ def loaded(torch, ops: list[str], keys: dict[str, list[str]]) -> dict:
             "backend_name": torch._C._get_privateuse1_backend_name()}
 
 
+def device_module(torch, names: list[str]) -> dict[str, bool]:
+    mod = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    out = {}
+    for name in names:
+        obj, ok = mod, mod is not None
+        for part in name.split("."):
+            try:
+                obj = getattr(obj, part)
+            except Exception:  # noqa: BLE001 - a module __getattr__ may raise anything; absent is the finding
+                ok = False
+                break
+        out[name] = ok
+    return out
+
+
 def main() -> None:
     req = json.loads(sys.argv[1])
     import torch
@@ -84,6 +100,7 @@ def main() -> None:
         emit("load", {"ok": False, "type": type(e).__name__, "message": str(e)[:2000]})
         return
     emit("load", loaded(torch, req["ops"], req.get("keys", {})))
+    emit("device_module", device_module(torch, req.get("device_module", [])))
 
 
 if __name__ == "__main__":
