@@ -22,7 +22,7 @@ from backendgen.drift import Drift, classify
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
-from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, REGISTRATION_FILE, Project, Transaction
+from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
 
 
 # --- new ---------------------------------------------------------------------------------------
@@ -363,6 +363,7 @@ class OptInSuite:
 OPT_IN_SUITES = (
     OptInSuite("compile", "compile", COMPILE_TESTS, "torch.compile tests", 6),
     OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 6),
+    OptInSuite("models", "models", MODEL_TESTS, "model suite", 9),
 )
 
 
@@ -395,7 +396,7 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
                  strict: bool = False, write_expected: Path | None = None,
                  reporter: Reporter | None = None) -> TestResult:
     """Run the project's tests; with `opinfo` also its conformance suite (backendgen.conformance);
-    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed"). Failures
+    then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed", "models"). Failures
     are in the result (exit_code 1); bad arguments raise UserError."""
     from backendgen import conformance
     from backendgen.errors import TestFailure

@@ -204,13 +204,14 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
-@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests; --distributed: multi-process tests.")
+@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
 @_handles_errors
 def test_cmd(
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
     torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
     distributed: Annotated[bool, typer.Option("--distributed", help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.")] = False,
+    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device against the CPU, eager and compiled.")] = False,
     patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
     dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
     samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
@@ -221,11 +222,11 @@ def test_cmd(
     """Run the project's tests; with --opinfo also its conformance suite (one summary line per
     variant and dtype, then the first unexpected failure of each op); with --compile also its
     torch.compile tests (tests/test_compile.py); with --distributed also its multi-process tests
-    (tests/distributed)."""
+    (tests/distributed); with --models also its model suite (tests/models)."""
     from backendgen import api
 
     res = api.test_backend(
-        project, opinfo=opinfo, opt_in=[name for name, on in (("compile", torch_compile), ("distributed", distributed)) if on],
+        project, opinfo=opinfo, opt_in=[name for name, on in (("compile", torch_compile), ("distributed", distributed), ("models", models)) if on],
         patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
         write_expected=write_expected, reporter=_reporter(),
     )

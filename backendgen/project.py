@@ -28,6 +28,7 @@ PATHS = manifest.load().paths
 REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, generated
 COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
 DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
+MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU (opt-in: pytest -m models)
 _REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
 
 
