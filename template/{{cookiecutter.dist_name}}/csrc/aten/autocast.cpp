@@ -57,7 +57,8 @@ void redispatch(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::
 
 }  // namespace
 
-// lower_precision_fp: floating-point arguments in the autocast dtype (bfloat16 by default).
+// lower_precision_fp: floating-point arguments in the autocast dtype (torch.autocast(dtype=...); PyTorch
+// defaults it to float16 for PrivateUse1).
 void run_lower_precision_fp(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   cast_all(op, stack, at::autocast::get_autocast_dtype(c10::DeviceType::PrivateUse1));
   redispatch(op, keys, stack);
