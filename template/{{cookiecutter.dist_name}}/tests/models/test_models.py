@@ -93,6 +93,36 @@ def test_language_model_with_tied_embeddings_adamw(compiled):
             make_opt=lambda p: torch.optim.AdamW(p, lr=1e-2, eps=1e-3), rtol=1e-3, atol=1e-4)
 
 
+# --- a mixture-of-experts layer, routed as Hugging Face's MoE models route on accelerators --------
+
+class MoE(nn.Module):
+    def __init__(self, d=16, experts=4, top_k=2):
+        super().__init__()
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 32), nn.SiLU(), nn.Linear(32, d)) for _ in range(experts))
+        self.top_k = top_k
+
+    def forward(self, x):
+        weights, chosen = self.router(x).softmax(-1).topk(self.top_k, dim=-1)
+        # tokens per expert with torch.histc of integer ids: what transformers does on every device
+        # but the CPU and MPS (CUDA counts integers; the CPU kernel refuses them)
+        ids = chosen.flatten().int() if x.device.type != "cpu" else chosen.flatten().float()
+        per_expert = torch.histc(ids, bins=len(self.experts), min=0, max=len(self.experts) - 1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            if int(per_expert[e]) == 0:
+                continue
+            token, slot = torch.where(chosen == e)
+            out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out
+
+
+def test_mixture_of_experts():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), MoE(), nn.Linear(16, 3))
+    compare(model, _batches(3, (12, 8)), lambda out, b: out.pow(2).mean(), make_opt=lambda p: torch.optim.Adam(p, lr=1e-2))
+
+
 # --- recurrent networks --------------------------------------------------------------------------
 
 class Recurrent(nn.Module):
