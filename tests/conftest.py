@@ -80,6 +80,21 @@ def installed(built_project) -> Path:
     return built_project
 
 
+@pytest.fixture(scope="session")
+def opt_in_run(built_project):
+    """`backendgen test --compile --distributed --models` on the session's backend, run once (each
+    opt-in suite after one run of the quick suite, as a user runs them): (the CLI's completed
+    process, {suite: its log}). The quick suite, the compile, multi-process and model suites take
+    minutes together; tests/test_compile.py, test_distributed.py, test_models.py and test_e2e.py
+    read their parts."""
+    out = run_cli("test", "--compile", "--distributed", "--models", "--project", str(built_project))
+    logs = {}
+    for name in ("test", "compile", "distributed", "models"):
+        log = built_project / "build" / f"backendgen-{name}.log"
+        logs[name] = log.read_text() if log.exists() else "(no log)"
+    return out, logs
+
+
 @pytest.fixture
 def project_copy(built_project, tmp_path) -> Path:
     """A copy of the built project (its build/ directory left out: ninja's files hold absolute paths)."""

@@ -20,12 +20,10 @@ DISTRIBUTED_TESTS = [
 ]
 
 
-def test_the_generated_backend_passes_its_distributed_tests(built_project):
-    out = run_cli("test", "--distributed", "--project", str(built_project))
-    log = built_project / "build" / "backendgen-distributed.log"
-    text = log.read_text() if log.exists() else "(no log)"
-    assert out.returncode == 0, out.stdout + out.stderr + text[-6000:]
-    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout
+def test_the_generated_backend_passes_its_distributed_tests(opt_in_run):
+    out, logs = opt_in_run
+    text = logs["distributed"]
+    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout + out.stderr + text[-6000:]
     # all four ran (none skipped or deselected) and passed
     assert re.search(rf"\b{len(DISTRIBUTED_TESTS)} passed\b", text) and "skipped" not in text, text[-3000:]
 
