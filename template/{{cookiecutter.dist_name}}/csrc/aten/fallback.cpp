@@ -232,6 +232,7 @@ class Staging {
 
   // Pass 1: which device storages, and which byte range of each, the arguments reach.
   at::Tensor note(const at::Tensor& t, bool written) {
+    if (t.defined() && t.is_nested()) nested_ = true;  // a host one too: the CPU kernel to run is the nested one
     if (!on_device(t)) return t;
     const c10::Storage& storage = storage_of(t);
     const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
@@ -245,7 +246,6 @@ class Staging {
     }
     StagedStorage& s = storages_[it->second];
     if (t.is_nested()) {  // its components' offsets are into the whole buffer: stage all of it
-      nested_ = true;
       s.lo = 0;
       s.hi = std::max(s.hi, storage.nbytes());
     } else {
