@@ -28,7 +28,7 @@
 // operator without a kernel. A native nested kernel (at NestedTensorPrivateUse1, e.g.
 // _transformer_encoder_layer_fwd or to_padded_tensor) works on the buffer,
 // get_nested_tensor_impl(t)->get_unsafe_storage_as_tensor(), a dense device tensor, and reads the
-// metadata on the host; over_storage below wraps a result buffer.
+// metadata on the host; over_storage (nested.h) wraps a result buffer as a nested device tensor.
 #include "aten/nested.h"
 
 #include <ATen/NestedTensorImpl.h>
