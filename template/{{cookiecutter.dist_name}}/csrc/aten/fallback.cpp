@@ -29,6 +29,12 @@
 // and, with {{ cookiecutter.DEVICE }}_WARN_FALLBACK=1 or torch.{{ cookiecutter.device }}.set_fallback_warning(True), warns once
 // per operator — the list of kernels worth writing next (`backendgen add-op <op>`).
 //
+// Nested tensors (nested.cpp registers this fallback for NestedTensorPrivateUse1 too): a nested
+// device argument is staged by its whole buffer and stands as a CPU nested tensor with the same
+// nested sizes, strides and offsets, and the operator then runs as NestedTensorCPU; a nested CPU
+// result comes back as a nested device tensor — on the device buffer of the argument it is a view
+// of, else on a buffer of its own.
+//
 // What a hardware team replaces: nothing. All device memory traffic goes through driver::memcpy, so
 // the fallback stays correct on real device memory; it shrinks in importance as kernels land.
 #include "aten/fallback.h"
@@ -48,6 +54,7 @@
 #include <unordered_map>
 
 #include "aten/kernel_support.h"
+#include "aten/nested.h"
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
@@ -111,6 +118,9 @@ std::atomic<bool>& warn_flag() {
 // ---- staging -----------------------------------------------------------------------------------
 
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// A tensor's storage; a nested tensor's is its buffer (Tensor::storage() is not for nested tensors).
+const c10::Storage& storage_of(const at::Tensor& t) { return t.is_nested() ? nested::storage_of(t) : t.storage(); }
 
 size_t offset_bytes(const at::Tensor& t) { return static_cast<size_t>(t.storage_offset()) * t.dtype().itemsize(); }
 
@@ -187,6 +197,10 @@ class Staging {
 
   // A result of the CPU kernel as the device sees it. `view`: the schema says it aliases an argument.
   c10::IValue to_device(const c10::IValue& v, bool view);
+  at::Tensor nested_to_device(const at::Tensor& h, bool view);
+
+  // Whether an argument is a nested tensor: the CPU kernel to run is then NestedTensorCPU's.
+  bool nested() const { return nested_; }
 
  private:
   using Visitor = at::Tensor (Staging::*)(const at::Tensor&, bool written);
@@ -218,19 +232,26 @@ class Staging {
 
   // Pass 1: which device storages, and which byte range of each, the arguments reach.
   at::Tensor note(const at::Tensor& t, bool written) {
+    if (t.defined() && t.is_nested()) nested_ = true;  // a host one too: the CPU kernel to run is the nested one
     if (!on_device(t)) return t;
-    const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    const c10::Storage& storage = storage_of(t);
+    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     auto [it, added] = index_.emplace(key, storages_.size());
     if (added) {
       StagedStorage s;
-      s.device = t.storage();
+      s.device = storage;
       s.where = t.device();
       s.lo = s.device.nbytes();
       storages_.push_back(std::move(s));
     }
     StagedStorage& s = storages_[it->second];
-    s.lo = std::min(s.lo, offset_bytes(t));  // an empty tensor's offset may lie past the end
-    s.hi = std::max(s.hi, end_bytes(t));
+    if (t.is_nested()) {  // its components' offsets are into the whole buffer: stage all of it
+      s.lo = 0;
+      s.hi = std::max(s.hi, storage.nbytes());
+    } else {
+      s.lo = std::min(s.lo, offset_bytes(t));  // an empty tensor's offset may lie past the end
+      s.hi = std::max(s.hi, end_bytes(t));
+    }
     s.declared_written |= written;
     tensors_.push_back(StagedTensor{t, it->second, at::Tensor()});
     return t;
@@ -259,6 +280,10 @@ class Staging {
     if (!on_device(t)) return t;
     StagedTensor& st = tensors_[next_++];
     const StagedStorage& s = storages_[st.storage];
+    if (t.is_nested()) {  // staged from byte 0: the same offsets
+      st.host = nested::over_storage(s.host, c10::DispatchKey::CPU, t);
+      return st.host;
+    }
     const int64_t offset = static_cast<int64_t>((offset_bytes(t) - s.lo) / t.dtype().itemsize());
     st.host = tensor_on(s.host, c10::DispatchKey::CPU, t.dtype(), t.sizes(), t.strides(), offset, t);
     return st.host;
@@ -272,6 +297,10 @@ class Staging {
   std::unordered_map<const c10::StorageImpl*, size_t> index_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> new_results_;  // host storage -> its device copy
   std::optional<c10::Device> device_arg_;
+  bool nested_ = false;
+
+  // A new host storage (a new result's) copied to a device storage, once per storage.
+  const c10::Storage& device_copy(const c10::Storage& host);
 };
 
 void Staging::write_back() {
@@ -289,6 +318,7 @@ void Staging::write_back() {
   }
   for (StagedTensor& st : tensors_) {
     const at::Tensor& h = st.host;
+    if (h.is_nested()) continue;  // the buffer went back above; nested geometry lives in host metadata
     c10::TensorImpl* d = st.device.unsafeGetTensorImpl();
     const StagedStorage& s = storages_[st.storage];
     if (!h.storage().is_alias_of(s.host)) {  // the kernel gave the argument new memory (set_)
@@ -312,6 +342,7 @@ void Staging::write_back() {
 c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
   auto one = [&](const at::Tensor& h) -> at::Tensor {
     if (!h.defined() || on_device(h)) return h;
+    if (h.is_nested()) return nested_to_device(h, view);
     TORCH_CHECK(h.layout() == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only, but the CPU kernel of ",
                 op_name_, " returned a ", h.layout(), " tensor");
     for (const StagedTensor& st : tensors_) {
@@ -330,21 +361,7 @@ c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
                 "Give it a native view kernel: ", remedy(op_name_),
                 " (or set {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy)");
     // A new result: copied to the device storage by storage, so strides and aliasing between results stay.
-    const c10::StorageImpl* key = h.storage().unsafeGetStorageImpl();
-    auto it = new_results_.find(key);
-    if (it == new_results_.end()) {
-      const size_t n = h.storage().nbytes();
-      c10::Storage fresh = new_device_storage(n, device());
-      if (n > 0) {
-        // an efficient zero tensor (autograd's zeros) has no memory: the device gets real zeros
-        std::vector<char> zeros(h.storage().data() == nullptr ? n : 0);
-        const void* src = zeros.empty() ? h.storage().data() : zeros.data();
-        {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), src, n, driver::CopyKind::host_to_device,
-                                                       device().index(), runtime::current_stream_id(device().index())));
-      }
-      it = new_results_.emplace(key, std::move(fresh)).first;
-    }
-    return tensor_on(it->second, c10::DispatchKey::PrivateUse1, h.dtype(), h.sizes(), h.strides(),
+    return tensor_on(device_copy(h.storage()), c10::DispatchKey::PrivateUse1, h.dtype(), h.sizes(), h.strides(),
                      h.storage_offset(), h);
   };
   if (v.isTensor()) return one(v.toTensor());
@@ -354,6 +371,40 @@ c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
     return out;
   }
   return v;
+}
+
+const c10::Storage& Staging::device_copy(const c10::Storage& host) {
+  auto it = new_results_.find(host.unsafeGetStorageImpl());
+  if (it == new_results_.end()) {
+    const size_t n = host.nbytes();
+    c10::Storage fresh = new_device_storage(n, device());
+    if (n > 0) {
+      // an efficient zero tensor (autograd's zeros) has no memory: the device gets real zeros
+      std::vector<char> zeros(host.data() == nullptr ? n : 0);
+      const void* src = zeros.empty() ? host.data() : zeros.data();
+      {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(fresh.mutable_data(), src, n, driver::CopyKind::host_to_device,
+                                                     device().index(), runtime::current_stream_id(device().index())));
+    }
+    it = new_results_.emplace(host.unsafeGetStorageImpl(), std::move(fresh)).first;
+  }
+  return it->second;
+}
+
+at::Tensor Staging::nested_to_device(const at::Tensor& h, bool view) {
+  for (const StagedTensor& st : tensors_) {
+    if (st.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return st.device;  // in-place
+  }
+  const c10::Storage& storage = nested::storage_of(h);
+  for (const StagedStorage& s : storages_) {
+    if (storage.is_alias_of(s.host)) {  // a view of an argument: the same view of its device buffer
+      return nested::over_storage(s.device, c10::DispatchKey::PrivateUse1, h,
+                                  static_cast<int64_t>(s.lo / h.dtype().itemsize()));
+    }
+  }
+  TORCH_CHECK(!view || view_copies_allowed(), op_name_,
+              " returns a view of its input, but its CPU kernel returned a nested tensor in new memory: give it a "
+              "native view kernel: ", remedy(op_name_), " (or set {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy)");
+  return nested::over_storage(device_copy(storage), c10::DispatchKey::PrivateUse1, h);
 }
 
 // Lends device generators to the CPU kernel (see the top of this file). Every device generator
@@ -444,7 +495,9 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   kernels::StreamScope on_stream(device, "cpu fallback");  // the staging copies waited for the stream
   {
     Generators generators(op, stack, device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    // a nested argument: the CPU kernel is NestedTensorCPU's (nested.cpp registers this fallback there too)
+    op.redispatchBoxed(c10::DispatchKeySet(staging.nested() ? c10::DispatchKey::NestedTensorCPU : c10::DispatchKey::CPU),
+                       stack);
   }
   staging.write_back();
   const std::vector<c10::Argument>& returns = schema.returns();
