@@ -44,7 +44,7 @@ bool device_arg(PyObject* arg, c10::DeviceIndex* out) {
   long index = PyLong_AsLong(arg);
   if (index == -1 && PyErr_Occurred()) return false;
   if (index < 0 || index >= dev::runtime::device_count()) {
-    PyErr_Format(PyExc_RuntimeError, "{{ cookiecutter.device }}: invalid device index %ld (%d devices)", index,
+    PyErr_Format(PyExc_RuntimeError, "The device index is out of range: invalid {{ cookiecutter.device }} device index %ld (%d devices)", index,
                  static_cast<int>(dev::runtime::device_count()));
     return false;
   }

@@ -28,8 +28,8 @@ c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(driver::d
 
 void check_device(c10::DeviceIndex index) {
   // a RuntimeError in Python, as CUDA, XPU and PyTorch's reference backend raise for a bad index
-  TORCH_CHECK(index >= 0 && index < device_count(), "invalid {{ cookiecutter.device }} device index ", int(index),
-              ": this machine has ", int(device_count()), " {{ cookiecutter.device }} device(s)");
+  TORCH_CHECK(index >= 0 && index < device_count(), "The device index is out of range: invalid {{ cookiecutter.device }} device index ",
+              int(index), " (this machine has ", int(device_count()), " {{ cookiecutter.device }} devices)");
 }
 
 c10::DeviceIndex current_device() {
