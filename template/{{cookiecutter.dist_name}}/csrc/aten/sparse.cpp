@@ -1,0 +1,199 @@
+// Sparse tensors on {{ cookiecutter.device }}: COO (torch.sparse_coo, the SparsePrivateUse1 dispatch key) and
+// the compressed layouts (CSR/CSC/BSR/BSC, SparseCsrPrivateUse1).
+//
+// A sparse tensor is metadata (sizes, sparse and dense dimensions, the coalesced flag) around
+// ordinary device tensors: indices and values (COO), or compressed indices, plain indices and values.
+// So construction and metadata need no device code: ATen's own kernels for them are device-generic
+// (SparseTensorImpl, SparseCsrTensorImpl) and are registered here as they are. `t._values()`,
+// `t.indices()`, `t.crow_indices()`... return views of the device tensors the sparse tensor holds,
+// as on the CPU. Copies between host and device (`.to()`, `.cpu()`, `copy_`) copy indices and values
+// through the dense copy kernels.
+//
+// Every other operator on a device sparse tensor — coalesce, to_dense, arithmetic with sparse and
+// dense operands, torch.sparse.mm/addmm, index_select, sum, the optimizers' sparse updates — runs
+// on the CPU through the boxed fallback registered below: fallback.cpp stages dense device arguments
+// as it does for every operator, and the functions here stage sparse ones (a CPU sparse tensor with
+// copies of the indices and values), carry the CPU kernel's sparse results to the device, and
+// write changed sparse arguments (in-place, out=) back. The dense fallback uses them too, for dense
+// operators whose CPU kernel returns a sparse tensor (to_sparse, embedding_bag's sparse backward).
+// An operator that the CPU has no sparse kernel for either fails with the CPU's error, which names
+// the operator and the layout (e.g. "Could not run 'aten::xyz' with arguments from the 'SparseCPU'
+// backend"); a view operator the fallback can only copy raises as in fallback.cpp.
+//
+// Compressed layouts: construction (torch.sparse_csr_tensor...), to_sparse_csr(), crow_indices(),
+// col_indices(), values(), to_dense(), .to()/.cpu() work; their operators run through the same
+// fallback. PyTorch gives many of them a generic kernel for every backend that would treat a
+// compressed tensor as strided, so those are routed to the fallback by name.
+//
+// What a hardware team replaces: nothing for correctness. Construction and metadata stay as they
+// are; for speed, give hot sparse operators native kernels (e.g. the embedding_bag backward, add_
+// of a sparse gradient into a dense parameter, sparse_mask, coalesce) with `m.impl` at the
+// SparsePrivateUse1 key, on the device's own indices and values.
+#include "aten/sparse.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/_nnz_native.h>
+#include <ATen/ops/_sparse_compressed_tensor_with_dims_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_to_copy_ops.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/ccol_indices_native.h>
+#include <ATen/ops/clone_native.h>
+#include <ATen/ops/col_indices_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/copy_ops.h>
+#include <ATen/ops/copy_sparse_to_sparse_native.h>
+#include <ATen/ops/copy_sparse_to_sparse_ops.h>
+#include <ATen/ops/crow_indices_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/empty_like_native.h>
+#include <ATen/ops/empty_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/permute_native.h>
+#include <ATen/ops/resize_as_sparse_native.h>
+#include <ATen/ops/resize_as_sparse_ops.h>
+#include <ATen/ops/row_indices_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/sparse_resize_and_clear_native.h>
+#include <ATen/ops/sparse_resize_native.h>
+#include <ATen/ops/unsqueeze_native.h>
+#include <ATen/ops/values_native.h>
+#include <ATen/ops/zero_native.h>
+#include <torch/library.h>
+
+namespace {{ cookiecutter.device }}::fallback {
+// csrc/aten/fallback.cpp: the CPU fallback, redispatching to the CPU kernel at `cpu_keys`.
+void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKeySet cpu_keys);
+}  // namespace {{ cookiecutter.device }}::fallback
+
+namespace {{ cookiecutter.device }}::sparse {
+
+namespace {
+
+at::Tensor copy_to(const at::Tensor& t, c10::Device device) {
+  return at::_ops::_to_copy::call(t, std::nullopt, std::nullopt, device, std::nullopt, /*non_blocking=*/false,
+                                  std::nullopt);
+}
+
+bool is_compressed(const at::Tensor& t) { return is_sparse_layout(t) && t.layout() != c10::kSparse; }
+
+}  // namespace
+
+// _to_copy of a sparse tensor copies its member tensors and rebuilds the sparse tensor around them
+// on the target device (through the constructors registered below).
+at::Tensor to_host(const at::Tensor& device_tensor) { return copy_to(device_tensor, c10::Device(c10::DeviceType::CPU)); }
+
+at::Tensor to_device(const at::Tensor& host_tensor, c10::Device device) { return copy_to(host_tensor, device); }
+
+void write_back(const at::Tensor& device_tensor, const at::Tensor& host_tensor) {
+  if (!is_compressed(device_tensor)) {
+    // resizes the device tensor and gives it device copies of the host indices and values
+    at::_ops::copy_sparse_to_sparse_::call(const_cast<at::Tensor&>(device_tensor), host_tensor, false);
+    return;
+  }
+  // compressed: the member tensors take the new geometry (nnz may have changed), then the contents
+  at::_ops::resize_as_sparse_::call(device_tensor, host_tensor);
+  at::_ops::copy_::call(const_cast<at::Tensor&>(device_tensor), host_tensor, false);
+}
+
+Snapshot snapshot(const at::Tensor& t) {
+  Snapshot s;
+  s.sizes = t.sizes().vec();
+  s.nnz = t._nnz();
+  s.sparse_dim = t.sparse_dim();
+  s.dense_dim = t.dense_dim();
+  if (t.layout() == c10::kSparse) {
+    s.coalesced = t.is_coalesced();
+    s.indices = t._indices().unsafeGetTensorImpl();
+    s.values = t._values().unsafeGetTensorImpl();
+  } else {
+    s.indices = t.crow_indices().unsafeGetTensorImpl();  // a view: its identity says nothing
+    s.values = nullptr;
+  }
+  return s;
+}
+
+bool changed(const Snapshot& before, const at::Tensor& t) {
+  if (t.sizes() != c10::IntArrayRef(before.sizes) || t._nnz() != before.nnz || t.sparse_dim() != before.sparse_dim ||
+      t.dense_dim() != before.dense_dim) {
+    return true;
+  }
+  if (t.layout() != c10::kSparse) return false;
+  return t.is_coalesced() != before.coalesced || t._indices().unsafeGetTensorImpl() != before.indices ||
+         t._values().unsafeGetTensorImpl() != before.values;
+}
+
+namespace {
+
+// The boxed fallback for operators on device sparse tensors: the CPU's sparse kernels run on
+// staged copies (fallback.cpp and the functions above).
+void run_coo_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback::run_on_cpu_as(op, stack, c10::DispatchKeySet({c10::DispatchKey::SparseCPU, c10::DispatchKey::CPU}));
+}
+
+void run_compressed_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  fallback::run_on_cpu_as(
+      op, stack,
+      c10::DispatchKeySet({c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCPU, c10::DispatchKey::CPU}));
+}
+
+}  // namespace
+}  // namespace {{ cookiecutter.device }}::sparse
+
+// COO: construction, metadata and views, copies, resizing — ATen's device-generic kernels.
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse));
+  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_coo));
+  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
+  m.impl("_values", TORCH_FN(at::native::_values_sparse));
+  m.impl("indices", TORCH_FN(at::native::indices_sparse));
+  m.impl("values", TORCH_FN(at::native::values_sparse));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
+  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
+  m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
+  m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
+  m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
+  m.impl("clone", TORCH_FN(at::native::clone_sparse));
+  m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
+  m.impl("permute", TORCH_FN(at::native::permute_sparse_coo));
+  m.impl("unsqueeze", TORCH_FN(at::native::unsqueeze_sparse));
+}
+
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::sparse::run_coo_on_cpu>());
+}
+
+// Compressed layouts: construction, metadata and views, copies.
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("_sparse_compressed_tensor_with_dims", TORCH_FN(at::native::sparse_compressed_tensor_with_dims));
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_compressed));
+  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_csr));
+  m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
+  m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
+  m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
+  m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
+  m.impl("values", TORCH_FN(at::native::values_sparse_csr));
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+  m.impl("resize_as_sparse_", TORCH_FN(at::native::resize_as_sparse_compressed_));
+  m.impl("copy_", TORCH_FN(at::native::copy_sparse_compressed_));
+  m.impl("clone", TORCH_FN(at::native::clone_sparse_compressed));
+  m.impl("zero_", TORCH_FN(at::native::zero_sparse_csr_));
+}
+
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::sparse::run_compressed_on_cpu>());
+}
