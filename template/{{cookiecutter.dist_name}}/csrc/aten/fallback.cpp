@@ -350,7 +350,7 @@ c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
       TORCH_CHECK(!view || view_copies_allowed(), op_name_,
                   " returns a view of its input, but through the CPU fallback the {{ cookiecutter.device }} result "
                   "would be a copy of the sparse tensor, and writes through it would not reach the input. Give it a "
-                  "native kernel at the SparsePrivateUse1 key (csrc/aten/sparse.cpp), or set "
+                  "native kernel at the SparsePrivateUse1 or SparseCsrPrivateUse1 key (csrc/aten/sparse.cpp), or set "
                   "{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy");
       return sparse::to_device(h, device());
     }

@@ -85,7 +85,9 @@ bool is_compressed(const at::Tensor& t) { return is_sparse_layout(t) && t.layout
 
 // _to_copy of a sparse tensor copies its member tensors and rebuilds the sparse tensor around them
 // on the target device (through the constructors registered below).
-at::Tensor to_host(const at::Tensor& device_tensor) { return copy_to(device_tensor, c10::Device(c10::DeviceType::CPU)); }
+at::Tensor to_host(const at::Tensor& device_tensor) {
+  return copy_to(device_tensor, c10::Device(c10::DeviceType::CPU));
+}
 
 at::Tensor to_device(const at::Tensor& host_tensor, c10::Device device) { return copy_to(host_tensor, device); }
 
@@ -171,6 +173,28 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("unsqueeze", TORCH_FN(at::native::unsqueeze_sparse));
 }
 
+// COO: operators PyTorch gives a generic kernel for every backend but a sparse one on the CPU (the
+// generic kernel computes something else on a sparse tensor: sum, or fails: mv): the CPU's,
+// through the fallback.
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  const auto cpu = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::sparse::run_coo_on_cpu>();
+  };
+  m.impl("abs", cpu());
+  m.impl("abs_", cpu());
+  m.impl("nan_to_num", cpu());
+  m.impl("nan_to_num_", cpu());
+  m.impl("mv", cpu());
+  m.impl("rad2deg", cpu());
+  m.impl("rad2deg_", cpu());
+  m.impl("rad2deg.out", cpu());
+  m.impl("deg2rad", cpu());
+  m.impl("deg2rad_", cpu());
+  m.impl("deg2rad.out", cpu());
+  m.impl("sum", cpu());
+  m.impl("zeros.out", cpu());
+}
+
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::sparse::run_coo_on_cpu>());
 }
@@ -192,6 +216,84 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("copy_", TORCH_FN(at::native::copy_sparse_compressed_));
   m.impl("clone", TORCH_FN(at::native::clone_sparse_compressed));
   m.impl("zero_", TORCH_FN(at::native::zero_sparse_csr_));
+}
+
+// Compressed layouts: operators PyTorch gives a generic kernel for every backend (one that would
+// treat a compressed tensor as strided) but a compressed kernel on the CPU: the CPU's, through the
+// fallback. (select.int returns a view, so through the fallback it raises as view operators do.)
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  const auto cpu = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::sparse::run_compressed_on_cpu>();
+  };
+  m.impl("abs", cpu());
+  m.impl("abs_", cpu());
+  m.impl("sgn", cpu());
+  m.impl("sgn_", cpu());
+  m.impl("_conj_physical", cpu());
+  m.impl("conj_physical_", cpu());
+  m.impl("add.Tensor", cpu());
+  m.impl("add_.Tensor", cpu());
+  m.impl("asinh", cpu());
+  m.impl("asinh_", cpu());
+  m.impl("atanh", cpu());
+  m.impl("atanh_", cpu());
+  m.impl("asin", cpu());
+  m.impl("asin_", cpu());
+  m.impl("atan", cpu());
+  m.impl("atan_", cpu());
+  m.impl("ceil", cpu());
+  m.impl("ceil_", cpu());
+  m.impl("erf", cpu());
+  m.impl("erf_", cpu());
+  m.impl("expm1", cpu());
+  m.impl("expm1_", cpu());
+  m.impl("floor", cpu());
+  m.impl("floor_", cpu());
+  m.impl("frac", cpu());
+  m.impl("frac_", cpu());
+  m.impl("log1p", cpu());
+  m.impl("log1p_", cpu());
+  m.impl("mm", cpu());
+  m.impl("mul.Tensor", cpu());
+  m.impl("mul_.Tensor", cpu());
+  m.impl("mul.Scalar", cpu());
+  m.impl("mul_.Scalar", cpu());
+  m.impl("rad2deg", cpu());
+  m.impl("rad2deg_", cpu());
+  m.impl("rad2deg.out", cpu());
+  m.impl("deg2rad", cpu());
+  m.impl("deg2rad_", cpu());
+  m.impl("deg2rad.out", cpu());
+  m.impl("neg", cpu());
+  m.impl("neg_", cpu());
+  m.impl("round", cpu());
+  m.impl("round_", cpu());
+  m.impl("select.int", cpu());
+  m.impl("sin", cpu());
+  m.impl("sin_", cpu());
+  m.impl("sinh", cpu());
+  m.impl("sinh_", cpu());
+  m.impl("sum", cpu());
+  m.impl("sum.dim_IntList", cpu());
+  m.impl("sqrt", cpu());
+  m.impl("sqrt_", cpu());
+  m.impl("tan", cpu());
+  m.impl("tan_", cpu());
+  m.impl("tanh", cpu());
+  m.impl("tanh_", cpu());
+  m.impl("threshold_backward", cpu());
+  m.impl("trunc", cpu());
+  m.impl("trunc_", cpu());
+  m.impl("addmm", cpu());
+  m.impl("erfinv", cpu());
+  m.impl("erfinv_", cpu());
+  m.impl("sign", cpu());
+  m.impl("sign_", cpu());
+  m.impl("signbit", cpu());
+  m.impl("isinf", cpu());
+  m.impl("isposinf", cpu());
+  m.impl("isneginf", cpu());
+  m.impl("select_copy.int", cpu());
 }
 
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
