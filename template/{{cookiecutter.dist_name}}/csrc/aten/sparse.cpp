@@ -131,6 +131,88 @@ bool changed(const Snapshot& before, const at::Tensor& t) {
 
 namespace {
 
+// ATen's own backends reach the kernels below through generated wrappers that first make the target
+// device current: a new sparse tensor starts with empty indices and values on the current device
+// (SparseTensorImpl's constructor), and SparseTensorImpl asserts that later members match. These
+// wrappers do the same for kernels that make a new sparse tensor, so `.to("{{ cookiecutter.device }}:1")` lands on device 1.
+c10::Device target(std::optional<c10::Device> device) {
+  return device.value_or(c10::Device(c10::DeviceType::PrivateUse1));  // an index of -1: the current device
+}
+
+at::Tensor coo_with_dims_and_tensors(int64_t sparse_dim, int64_t dense_dim, c10::SymIntArrayRef size,
+                                     const at::Tensor& indices, const at::Tensor& values,
+                                     std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                                     std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                                     std::optional<bool> is_coalesced) {
+  c10::DeviceGuard guard(target(device));
+  return at::native::new_with_dims_and_tensor_sparse_symint(sparse_dim, dense_dim, size, indices, values, dtype, layout,
+                                                            device, pin_memory, is_coalesced);
+}
+
+at::Tensor coo_with_dims(int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef size,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  c10::DeviceGuard guard(target(device));
+  return at::native::new_with_dims_sparse(sparse_dim, dense_dim, size, dtype, layout, device, pin_memory);
+}
+
+at::Tensor empty_coo(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                     std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                     std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(target(device));
+  return at::native::empty_sparse(size, dtype, layout, device, pin_memory, memory_format);
+}
+
+at::Tensor empty_compressed(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                            std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                            std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(target(device));
+  return at::native::empty_sparse_compressed(size, dtype, layout, device, pin_memory, memory_format);
+}
+
+at::Tensor compressed_with_dims(int64_t nnz, int64_t dense_dim, c10::IntArrayRef size, c10::IntArrayRef blocksize,
+                                c10::ScalarType index_dtype, std::optional<c10::ScalarType> dtype,
+                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                std::optional<bool> pin_memory) {
+  c10::DeviceGuard guard(target(device));
+  return at::native::sparse_compressed_tensor_with_dims(nnz, dense_dim, size, blocksize, index_dtype, dtype, layout,
+                                                        device, pin_memory);
+}
+
+at::Tensor empty_like_coo(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                          std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(device.value_or(self.device()));
+  return at::native::empty_like_sparse_coo(self, dtype, layout, device, pin_memory, memory_format);
+}
+
+at::Tensor empty_like_compressed(const at::Tensor& self, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(device.value_or(self.device()));
+  return at::native::empty_like_sparse_csr(self, dtype, layout, device, pin_memory, memory_format);
+}
+
+at::Tensor clone_coo(const at::Tensor& self, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::clone_sparse(self, memory_format);
+}
+
+at::Tensor clone_compressed(const at::Tensor& self, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::clone_sparse_compressed(self, memory_format);
+}
+
+at::Tensor permute_coo(const at::Tensor& self, c10::IntArrayRef dims) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::permute_sparse_coo(self, dims);
+}
+
+at::Tensor unsqueeze_coo(const at::Tensor& self, int64_t dim) {
+  c10::DeviceGuard guard(self.device());
+  return at::native::unsqueeze_sparse(self, dim);
+}
+
 // The boxed fallback for operators on device sparse tensors: the CPU's sparse kernels run on
 // staged copies (fallback.cpp and the functions above).
 void run_coo_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -148,10 +230,11 @@ void run_compressed_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 // COO: construction, metadata and views, copies, resizing — ATen's device-generic kernels.
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
-  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
-  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse));
-  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_coo));
+  namespace sparse = {{ cookiecutter.device }}::sparse;
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(sparse::coo_with_dims_and_tensors));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(sparse::coo_with_dims));
+  m.impl("empty.memory_format", TORCH_FN(sparse::empty_coo));
+  m.impl("empty_like", TORCH_FN(sparse::empty_like_coo));
   m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
   m.impl("_values", TORCH_FN(at::native::_values_sparse));
   m.impl("indices", TORCH_FN(at::native::indices_sparse));
@@ -167,10 +250,10 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
   m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
   m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
-  m.impl("clone", TORCH_FN(at::native::clone_sparse));
+  m.impl("clone", TORCH_FN(sparse::clone_coo));
   m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
-  m.impl("permute", TORCH_FN(at::native::permute_sparse_coo));
-  m.impl("unsqueeze", TORCH_FN(at::native::unsqueeze_sparse));
+  m.impl("permute", TORCH_FN(sparse::permute_coo));
+  m.impl("unsqueeze", TORCH_FN(sparse::unsqueeze_coo));
 }
 
 // COO: operators PyTorch gives a generic kernel for every backend but a sparse one on the CPU (the
@@ -201,9 +284,10 @@ TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
 
 // Compressed layouts: construction, metadata and views, copies.
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
-  m.impl("_sparse_compressed_tensor_with_dims", TORCH_FN(at::native::sparse_compressed_tensor_with_dims));
-  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_compressed));
-  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_csr));
+  namespace sparse = {{ cookiecutter.device }}::sparse;
+  m.impl("_sparse_compressed_tensor_with_dims", TORCH_FN(sparse::compressed_with_dims));
+  m.impl("empty.memory_format", TORCH_FN(sparse::empty_compressed));
+  m.impl("empty_like", TORCH_FN(sparse::empty_like_compressed));
   m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
   m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
   m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
@@ -214,7 +298,7 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
   m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
   m.impl("resize_as_sparse_", TORCH_FN(at::native::resize_as_sparse_compressed_));
   m.impl("copy_", TORCH_FN(at::native::copy_sparse_compressed_));
-  m.impl("clone", TORCH_FN(at::native::clone_sparse_compressed));
+  m.impl("clone", TORCH_FN(sparse::clone_compressed));
   m.impl("zero_", TORCH_FN(at::native::zero_sparse_csr_));
 }
 
