@@ -4,14 +4,15 @@ and the compressed layouts — each against the same computation on the CPU."""
 
 import copy
 import io
-import warnings
 
 import pytest
 import torch
 
 from tests.conftest import DEVICE
 
-warnings.filterwarnings("ignore", message="Sparse (CSR )?.*(beta|invariant)")
+# PyTorch's notes on sparse tensors (CSR is beta; invariant checks are off unless asked for)
+pytestmark = [pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta"),
+              pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")]
 
 
 def coo():

@@ -59,6 +59,7 @@
 #include <ATen/ops/row_indices_native.h>
 #include <ATen/ops/sparse_dim_native.h>
 #include <ATen/ops/sparse_resize_and_clear_native.h>
+#include <ATen/ops/sparse_resize_and_clear_ops.h>
 #include <ATen/ops/sparse_resize_native.h>
 #include <ATen/ops/unsqueeze_native.h>
 #include <ATen/ops/values_native.h>
@@ -93,7 +94,10 @@ at::Tensor to_device(const at::Tensor& host_tensor, c10::Device device) { return
 
 void write_back(const at::Tensor& device_tensor, const at::Tensor& host_tensor) {
   if (!is_compressed(device_tensor)) {
-    // resizes the device tensor and gives it device copies of the host indices and values
+    // cleared first, so that any new geometry is allowed (a sparse tensor with elements refuses to
+    // shrink); then it takes device copies of the host indices and values
+    at::_ops::sparse_resize_and_clear_::call(device_tensor, host_tensor.sizes(), host_tensor.sparse_dim(),
+                                             host_tensor.dense_dim());
     at::_ops::copy_sparse_to_sparse_::call(const_cast<at::Tensor&>(device_tensor), host_tensor, false);
     return;
   }
