@@ -169,6 +169,11 @@ UNARY = {
     "zero_": lambda x: x.clone().zero_(),
     "mul_": lambda x: x.clone().mul_(2),
     "relu": lambda x: x.relu(),
+    "smm": lambda x: torch.smm(x, torch.ones(3, 2, device=x.device)),  # one argument passed twice
+    "hspmm": lambda x: torch.hspmm(x, torch.ones(3, 2, device=x.device)),
+    "sparse_sparse_mm": lambda x: torch.sparse.mm(x, x),
+    "select": lambda x: x.select(0, 1),
+    "stack": lambda x: torch.stack([x, x]),
 }
 
 

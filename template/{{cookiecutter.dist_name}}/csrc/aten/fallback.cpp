@@ -236,7 +236,11 @@ class Staging {
     if (!on_device(t)) return t;
     if (!first_device_.has_value()) first_device_ = t.device();
     if (sparse::is_sparse_layout(t)) {  // no storage of its own: staged whole, in pass 2
-      sparse_.push_back(StagedSparse{t, written, at::Tensor(), {}});
+      // once per tensor: an argument passed twice (smm passes its result as sspaddmm's out= and
+      // self) is one CPU tensor, so what the kernel does to one it does to the other
+      auto [it, added] = sparse_index_.emplace(t.unsafeGetTensorImpl(), sparse_.size());
+      if (added) sparse_.push_back(StagedSparse{t, false, at::Tensor(), {}});
+      sparse_[it->second].declared_written |= written;
       return t;
     }
     const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
@@ -278,9 +282,11 @@ class Staging {
   at::Tensor substitute(const at::Tensor& t, bool) {
     if (!on_device(t)) return t;
     if (sparse::is_sparse_layout(t)) {
-      StagedSparse& ss = sparse_[next_sparse_++];
-      ss.host = sparse::to_host(t);
-      ss.before = sparse::snapshot(ss.host);
+      StagedSparse& ss = sparse_[sparse_index_.at(t.unsafeGetTensorImpl())];
+      if (!ss.host.defined()) {
+        ss.host = sparse::to_host(t);
+        ss.before = sparse::snapshot(ss.host);
+      }
       return ss.host;
     }
     StagedTensor& st = tensors_[next_++];
@@ -292,10 +298,11 @@ class Staging {
 
   torch::jit::Stack* stack_;
   const std::string& op_name_;
-  size_t begin_ = 0, next_ = 0, next_sparse_ = 0;
+  size_t begin_ = 0, next_ = 0;
   std::deque<StagedStorage> storages_;
   std::vector<StagedTensor> tensors_;
   std::vector<StagedSparse> sparse_;
+  std::unordered_map<const c10::TensorImpl*, size_t> sparse_index_;
   std::optional<c10::Device> first_device_;
   std::unordered_map<const c10::StorageImpl*, size_t> index_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> new_results_;  // host storage -> its device copy
