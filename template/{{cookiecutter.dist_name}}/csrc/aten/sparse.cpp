@@ -16,14 +16,18 @@
 // copies of the indices and values), carry the CPU kernel's sparse results to the device, and
 // write changed sparse arguments (in-place, out=) back. The dense fallback uses them too, for dense
 // operators whose CPU kernel returns a sparse tensor (to_sparse, embedding_bag's sparse backward).
-// An operator that the CPU has no sparse kernel for either fails with the CPU's error, which names
-// the operator and the layout (e.g. "Could not run 'aten::xyz' with arguments from the 'SparseCPU'
-// backend"); a view operator the fallback can only copy raises as in fallback.cpp.
+// An operator the CPU has no kernel for on that layout either raises a NotImplementedError naming
+// the operator and the layout ("aten::xyz has no {{ cookiecutter.device }} kernel for sparse COO tensors, and the
+// CPU fallback cannot run it..."); a view operator the fallback could only copy raises as in
+// fallback.cpp. Never a wrong result.
 //
-// Compressed layouts: construction (torch.sparse_csr_tensor...), to_sparse_csr(), crow_indices(),
-// col_indices(), values(), to_dense(), .to()/.cpu() work; their operators run through the same
-// fallback. PyTorch gives many of them a generic kernel for every backend that would treat a
-// compressed tensor as strided, so those are routed to the fallback by name.
+// PyTorch gives some operators a generic kernel for every backend (CompositeExplicitAutograd) but
+// a sparse one on the CPU; on a sparse tensor the generic one computes something else (`sum`) or
+// fails (`mv`, most operators on compressed tensors), so those are routed to the fallback by name.
+//
+// Compressed layouts: construction (torch.sparse_csr_tensor...), to_sparse_csr/csc/bsr(),
+// crow_indices(), col_indices(), values(), to_dense(), .to()/.cpu() work; their operators run
+// through the same fallback.
 //
 // What a hardware team replaces: nothing for correctness. Construction and metadata stay as they
 // are; for speed, give hot sparse operators native kernels (e.g. the embedding_bag backward, add_

@@ -4,6 +4,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace {{ cookiecutter.device }}::sparse {
 
 // Whether `t` has a sparse layout: COO (torch.sparse_coo) or compressed (CSR, CSC, BSR, BSC).
