@@ -20,6 +20,12 @@
 // correct but not free: each call copies the bytes its input reaches to the host and waits for the
 // stream, where a native view kernel moves nothing (the fallback warning says so).
 //
+// Sparse tensors (COO and the compressed layouts): a sparse device argument reaches the CPU kernel
+// as a CPU sparse tensor with copies of its indices and values, a sparse result comes back as a
+// device sparse tensor, and a sparse argument the kernel changed is written back (sparse.cpp). The
+// same function serves the SparsePrivateUse1 and SparseCsrPrivateUse1 fallbacks (sparse.cpp
+// registers them), redispatching to the CPU's sparse kernels.
+//
 // Random operators draw from the device's generator, not the CPU's: a device torch.Generator passed
 // to the operator is lent to the CPU kernel as a CPU generator with its state, and for operators
 // tagged nondeterministic_seeded the CPU's default generator holds the device's default state for
@@ -55,6 +61,7 @@
 
 #include "aten/kernel_support.h"
 #include "aten/nested.h"
+#include "aten/sparse.h"
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
@@ -149,6 +156,14 @@ struct StagedTensor {
   at::Tensor host;
 };
 
+// A sparse device argument and its CPU copy (sparse.cpp).
+struct StagedSparse {
+  at::Tensor device;
+  bool declared_written = false;
+  at::Tensor host;
+  sparse::Snapshot before;
+};
+
 c10::Storage new_device_storage(size_t nbytes, c10::Device where) {
   c10::DeviceGuard guard(where);  // the allocator allocates on the current device
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, runtime::device_allocator(), /*resizable=*/true);
@@ -187,7 +202,7 @@ class Staging {
 
   // The device the operator runs on: its first device tensor's, else a device argument's, else the current one.
   c10::Device device() const {
-    if (!tensors_.empty()) return tensors_.front().device.device();
+    if (first_device_.has_value()) return *first_device_;
     if (device_arg_.has_value()) return *device_arg_;
     return c10::Device(c10::DeviceType::PrivateUse1, runtime::current_device());
   }
@@ -234,6 +249,15 @@ class Staging {
   at::Tensor note(const at::Tensor& t, bool written) {
     if (t.defined() && t.is_nested()) nested_ = true;  // a host one too: the CPU kernel to run is the nested one
     if (!on_device(t)) return t;
+    if (!first_device_.has_value()) first_device_ = t.device();
+    if (sparse::is_sparse_layout(t)) {  // no storage of its own: staged whole, in pass 2
+      // once per tensor: an argument passed twice (smm passes its result as sspaddmm's out= and
+      // self) is one CPU tensor, so what the kernel does to one it does to the other
+      auto [it, added] = sparse_index_.emplace(t.unsafeGetTensorImpl(), sparse_.size());
+      if (added) sparse_.push_back(StagedSparse{t, false, at::Tensor(), {}});
+      sparse_[it->second].declared_written |= written;
+      return t;
+    }
     const c10::Storage& storage = storage_of(t);
     const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     auto [it, added] = index_.emplace(key, storages_.size());
@@ -278,6 +302,14 @@ class Staging {
   // Pass 2: each device tensor argument becomes a host tensor on its storage's host copy.
   at::Tensor substitute(const at::Tensor& t, bool) {
     if (!on_device(t)) return t;
+    if (sparse::is_sparse_layout(t)) {
+      StagedSparse& ss = sparse_[sparse_index_.at(t.unsafeGetTensorImpl())];
+      if (!ss.host.defined()) {
+        ss.host = sparse::to_host(t);
+        ss.before = sparse::snapshot(ss.host);
+      }
+      return ss.host;
+    }
     StagedTensor& st = tensors_[next_++];
     const StagedStorage& s = storages_[st.storage];
     if (t.is_nested()) {  // staged from byte 0: the same offsets
@@ -294,6 +326,9 @@ class Staging {
   size_t begin_ = 0, next_ = 0;
   std::deque<StagedStorage> storages_;
   std::vector<StagedTensor> tensors_;
+  std::vector<StagedSparse> sparse_;
+  std::unordered_map<const c10::TensorImpl*, size_t> sparse_index_;
+  std::optional<c10::Device> first_device_;
   std::unordered_map<const c10::StorageImpl*, size_t> index_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> new_results_;  // host storage -> its device copy
   std::optional<c10::Device> device_arg_;
@@ -337,13 +372,27 @@ void Staging::write_back() {
       d->set_sizes_and_strides(h.sizes(), h.strides(), offset);
     }
   }
+  for (StagedSparse& ss : sparse_) {
+    if (ss.declared_written || sparse::changed(ss.before, ss.host)) sparse::write_back(ss.device, ss.host);
+  }
 }
 
 c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
   auto one = [&](const at::Tensor& h) -> at::Tensor {
     if (!h.defined() || on_device(h)) return h;
     if (h.is_nested()) return nested_to_device(h, view);
-    TORCH_CHECK(h.layout() == c10::kStrided, "{{ cookiecutter.device }} supports strided tensors only, but the CPU kernel of ",
+    if (sparse::is_sparse_layout(h)) {
+      for (const StagedSparse& ss : sparse_) {
+        if (ss.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return ss.device;  // in-place, out=
+      }
+      TORCH_CHECK(!view || view_copies_allowed(), op_name_,
+                  " returns a view of its input, but through the CPU fallback the {{ cookiecutter.device }} result "
+                  "would be a copy of the sparse tensor, and writes through it would not reach the input. Give it a "
+                  "native kernel at the SparsePrivateUse1 or SparseCsrPrivateUse1 key (csrc/aten/sparse.cpp), or set "
+                  "{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 to accept a copy");
+      return sparse::to_device(h, device());
+    }
+    TORCH_CHECK(h.layout() == c10::kStrided, "{{ cookiecutter.device }} supports strided and sparse tensors only, but the CPU kernel of ",
                 op_name_, " returned a ", h.layout(), " tensor");
     for (const StagedTensor& st : tensors_) {
       if (st.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return st.device;  // in-place, out=
@@ -482,11 +531,17 @@ struct Timed {
 
 }  // namespace
 
-// The boxed fallback: registered for every operator below, and by name for the functional forms of
-// structured operators (csrc/aten/ops/generated/registration.cpp).
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// The CPU fallback, redispatching to the CPU kernel at `cpu_keys` (CPU; SparseCPU or SparseCsrCPU
+// for the sparse fallbacks of sparse.cpp).
+void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DispatchKeySet cpu_keys) {
   const std::string name = c10::toString(op.operator_name());
   const c10::FunctionSchema& schema = op.schema();
+  const c10::DispatchKey cpu_key = cpu_keys.highestPriorityTypeId();
+  TORCH_CHECK_NOT_IMPLEMENTED(cpu_key == c10::DispatchKey::CPU || op.hasComputedKernelForDispatchKey(cpu_key), name,
+                              " has no {{ cookiecutter.device }} kernel for ",
+                              cpu_key == c10::DispatchKey::SparseCPU ? "sparse COO" : "sparse compressed (CSR/CSC/BSR/BSC)",
+                              " tensors, and the CPU fallback cannot run it: the CPU has no ", cpu_key,
+                              " kernel for it either (PyTorch does not support this operator on this layout)");
   count_call(name, schema);
   Timed timed{name};
   Staging staging(op, stack, name);
@@ -496,8 +551,7 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     Generators generators(op, stack, device);
     // a nested argument: the CPU kernel is NestedTensorCPU's (nested.cpp registers this fallback there too)
-    op.redispatchBoxed(c10::DispatchKeySet(staging.nested() ? c10::DispatchKey::NestedTensorCPU : c10::DispatchKey::CPU),
-                       stack);
+    op.redispatchBoxed(staging.nested() ? c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU) : cpu_keys, stack);
   }
   staging.write_back();
   const std::vector<c10::Argument>& returns = schema.returns();
@@ -505,6 +559,12 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < returns.size(); ++i) {
     (*stack)[first + i] = staging.to_device((*stack)[first + i], returns_view(returns[i]));
   }
+}
+
+// The boxed fallback: registered for every operator below, and by name for the functional forms of
+// structured operators (csrc/aten/ops/generated/registration.cpp).
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu_as(op, stack, c10::DispatchKeySet(c10::DispatchKey::CPU));
 }
 
 std::vector<std::pair<std::string, Stat>> stats() {
