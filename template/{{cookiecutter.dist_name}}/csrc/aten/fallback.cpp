@@ -41,12 +41,18 @@
 // result comes back as a nested device tensor — on the device buffer of the argument it is a view
 // of, else on a buffer of its own.
 //
+// Quantized tensors (QuantizedPrivateUse1, registered below): their integer bytes are staged like a
+// dense tensor's and keep their quantizer, so torch.quantize_per_tensor, q_scale, int_repr and
+// dequantize on the device run PyTorch's QuantizedCPU kernels.
+//
 // What a hardware team replaces: nothing. All device memory traffic goes through driver::memcpy, so
 // the fallback stays correct on real device memory; it shrinks in importance as kernels land.
 #include "aten/fallback.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/quantized/QTensorImpl.h>
+#include <ATen/quantized/Quantizer.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
@@ -169,9 +175,20 @@ c10::Storage new_device_storage(size_t nbytes, c10::Device where) {
   return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, runtime::device_allocator(), /*resizable=*/true);
 }
 
+// A tensor over `storage` (at dispatch key `key`: CPU or PrivateUse1) with the given geometry and
+// `bits_from`'s conjugate and negative bits — and its quantizer, if it is quantized (a quantized
+// tensor is its integer bytes plus the quantizer's scales and zero points, which live on the host).
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
                      c10::IntArrayRef strides, int64_t offset, const at::Tensor& bits_from) {
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), dtype);
+  at::Tensor t;
+  if (bits_from.is_quantized()) {
+    const c10::DispatchKey quantized =
+        key == c10::DispatchKey::CPU ? c10::DispatchKey::QuantizedCPU : c10::DispatchKey::QuantizedPrivateUse1;
+    t = at::detail::make_tensor<at::QTensorImpl>(std::move(storage), c10::DispatchKeySet(quantized), dtype,
+                                                 at::get_qtensorimpl(bits_from)->quantizer());
+  } else {
+    t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), dtype);
+  }
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   if (bits_from.is_conj()) t._set_conj(true);
   if (bits_from.is_neg()) t._set_neg(true);
@@ -539,7 +556,9 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   const c10::DispatchKey cpu_key = cpu_keys.highestPriorityTypeId();
   TORCH_CHECK_NOT_IMPLEMENTED(cpu_key == c10::DispatchKey::CPU || op.hasComputedKernelForDispatchKey(cpu_key), name,
                               " has no {{ cookiecutter.device }} kernel for ",
-                              cpu_key == c10::DispatchKey::SparseCPU ? "sparse COO" : "sparse compressed (CSR/CSC/BSR/BSC)",
+                              cpu_key == c10::DispatchKey::SparseCPU      ? "sparse COO"
+                              : cpu_key == c10::DispatchKey::QuantizedCPU ? "quantized"
+                                                                          : "sparse compressed (CSR/CSC/BSR/BSC)",
                               " tensors, and the CPU fallback cannot run it: the CPU has no ", cpu_key,
                               " kernel for it either (PyTorch does not support this operator on this layout)");
   count_call(name, schema);
@@ -567,6 +586,12 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   run_on_cpu_as(op, stack, c10::DispatchKeySet(c10::DispatchKey::CPU));
 }
 
+// Quantized tensors (QuantizedPrivateUse1): staged like dense ones, with their quantizer, and run by
+// the QuantizedCPU kernel.
+void run_quantized_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_cpu_as(op, stack, c10::DispatchKeySet(c10::DispatchKey::QuantizedCPU));
+}
+
 std::vector<std::pair<std::string, Stat>> stats() {
   Counters& c = counters();
   std::lock_guard<std::mutex> lock(c.mu);
@@ -586,4 +611,8 @@ bool warning_enabled() { return warn_flag().load(); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::fallback::run_on_cpu>());
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::fallback::run_quantized_on_cpu>());
 }

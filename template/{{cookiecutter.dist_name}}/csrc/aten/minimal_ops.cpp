@@ -183,6 +183,25 @@ at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
   return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
 }
 
+// A quantized tensor's integer bytes as a plain tensor of its underlying integer type (int8 for
+// qint8, ...), aliasing the same storage with the same geometry.
+at::Tensor integer_bytes(const at::Tensor& q) {
+  const c10::DispatchKey key = q.is_cpu() ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(q.storage()), c10::DispatchKeySet(key),
+                                                    c10::scalarTypeToTypeMeta(c10::toUnderlying(q.scalar_type())));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(q.sizes(), q.strides(), q.storage_offset());
+  return t;
+}
+
+// Copies between quantized tensors of the device and the host (`q.cpu()`, `.to(device)`): copy_ has
+// already given `dst` the source's quantizer; what moves is the integer bytes.
+at::Tensor quantized_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.is_quantized() && dst.is_quantized() && self.scalar_type() == dst.scalar_type(),
+              "copying between quantized and non-quantized {{ cookiecutter.device }} tensors: dequantize or quantize first");
+  copy_from(integer_bytes(self), integer_bytes(dst), non_blocking);
+  return dst;
+}
+
 // Whether `self` may take `from`'s data in place (`param.data = moved`): nn.Module.to() keeps the
 // same Parameter object, and so tied weights stay tied, only when this is true. PyTorch's own
 // answer (TensorImpl::has_compatible_shallow_copy_type) lists CPU, CUDA and the other in-tree dense
@@ -217,6 +236,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(ops::set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(ops::set_tensor));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(ops::has_compatible_shallow_copy_type));
+}
+
+TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN({{ cookiecutter.device }}::minimal_ops::quantized_copy_from));
 }
 
 // A conjugated or negated source reaches _copy_from as it is: copy_ is conj/neg-aware, and so is
