@@ -107,3 +107,50 @@ def test_skipped_tests_are_read_from_pytests_summary(tmp_path):
         build.Skipped(1, "tests/ops/test_bar.py", "no differentiable sample of aten::bar"),
     ]
     assert build.skipped_tests(tmp_path / "missing.log") == []
+
+
+SUMMARY = ("SKIPPED [1] tests/ops/test_foo.py:33: no OpInfo sample calls aten::foo; add calls to extra_calls() in "
+           "/p/tests/ops/test_foo.py\n1 passed, 1 skipped in 1.00s\n")
+
+
+def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
+    """add-op's test step returns the skips of the new tests' run (its log's -rs summary)."""
+    from backendgen import addop
+    from backendgen.progress import Reporter
+    from backendgen.project import Project
+
+    def run_tests(root, paths, *, name):
+        assert paths == ["tests/ops/test_foo.py"]
+        log = root / "build" / "fake-test.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(SUMMARY)
+        return log
+
+    monkeypatch.setattr(build, "installed_from", lambda root, dist: False)
+    monkeypatch.setattr(build, "build", lambda *args, **kwargs: None)
+    monkeypatch.setattr(build, "run_tests", run_tests)
+    result = addop.AddOpsResult(project)
+    addop._build_and_test(Project.load(project), ["tests/ops/test_foo.py"], result, Reporter())
+    assert result.tested and result.skipped == [build.Skipped(1, "tests/ops/test_foo.py", SUMMARY.split(": ", 1)[1].splitlines()[0])]
+
+
+def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
+    from typer.testing import CliRunner
+
+    from backendgen import cli
+
+    def add_ops(names, project_dir, **kwargs):
+        res = api.AddOpsResult(project, added=["aten::foo"], files=[project / "csrc/aten/ops/foo.cpp"], built=True,
+                               tested=True)
+        res.skipped = build.skipped_tests(_log(project))
+        return res
+
+    def _log(root):
+        (root / "t.log").write_text(SUMMARY)
+        return root / "t.log"
+
+    monkeypatch.setattr(api, "add_ops", add_ops)
+    out = CliRunner().invoke(cli.app, ["add-op", "foo", "--project", str(project)])
+    assert out.exit_code == 0, out.output
+    assert "aten::foo: built and tested (1 of the new tests skipped)" in out.output
+    assert "skipped 1 in tests/ops/test_foo.py: no OpInfo sample calls aten::foo" in out.output
