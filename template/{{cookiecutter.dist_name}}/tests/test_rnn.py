@@ -199,6 +199,24 @@ def test_reduced_precision_cells_follow_float(dtype):
         torch.testing.assert_close(low.float().cpu(), ref.cpu(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "LSTMCell", "GRUCell"])
+def test_autocast_mixes_lower_precision_gates_with_a_float_state(kind):
+    """Under autocast the gate matmuls run in bfloat16 while the state stays float: the cells take
+    both, give float results (as the CPU's unfused cells promote) close to float's, and differentiate."""
+    torch.manual_seed(0)
+    module = getattr(torch.nn, kind)(4, 6).to(DEVICE)
+    x = torch.randn(3, 2, 4) if kind in ("LSTM", "GRU") else torch.randn(2, 4)
+    x = x.to(DEVICE).requires_grad_()
+    ref = _tensors(module(x))[0]
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = _tensors(module(x))[0]
+    assert out.dtype == torch.float32 and out.device.type == DEVICE
+    torch.testing.assert_close(out.cpu(), ref.detach().cpu(), rtol=5e-2, atol=5e-2)
+    out.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad.cpu()).all()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
+
+
 def test_cells_are_native_not_fallback():
     """The fused cells have no CPU kernel: they are registered natively (the fallback could not run them)."""
     for op in ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",

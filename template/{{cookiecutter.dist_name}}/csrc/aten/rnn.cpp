@@ -14,7 +14,8 @@
 // as CUDA's kernels lay it out, row by row:
 //   LSTM  [batch, 4*hidden]: the activated gates  input | forget | cell | output
 //   GRU   [batch, 5*hidden]: reset | update | new | hx | the hidden new-gate pre-activation (with its bias)
-// Half and bfloat16 are computed in float, as CUDA does, and returned in their own dtype.
+// Half and bfloat16 are computed in float, as CUDA does, and returned in their own dtype; inputs of
+// mixed dtypes (autocast: lower-precision gates, a float state) give results in their promoted dtype.
 // What a hardware team replaces: the four bodies, with one fused elementwise kernel each (a forward
 // and its backward must agree on the workspace layout; nothing else reads it).
 #include "aten/kernel_support.h"
@@ -67,9 +68,16 @@ void check_cell(const char* op, const at::Tensor& input_gates, const at::Tensor&
   }
   TORCH_CHECK(prev.dim() == 2 && prev.size(0) == input_gates.size(0) && prev.size(1) * factor == gates, op,
               ": expected a hidden state of size [", input_gates.size(0), ", ", gates / factor, "], got ", prev.sizes());
-  TORCH_CHECK(input_gates.scalar_type() == hidden_gates.scalar_type() && prev.scalar_type() == input_gates.scalar_type(),
-              op, ": expected one dtype, got ", input_gates.scalar_type(), ", ", hidden_gates.scalar_type(), " and ",
-              prev.scalar_type());
+}
+
+// The dtype of a cell's results: its inputs' promoted dtype. They differ under autocast, where the
+// gate matmuls run in lower precision and the state stays float (the CPU's unfused cell promotes too).
+c10::ScalarType result_type(std::initializer_list<const at::Tensor*> tensors) {
+  std::optional<c10::ScalarType> type;
+  for (const at::Tensor* t : tensors) {
+    if (t->defined()) type = type.has_value() ? c10::promoteTypes(*type, t->scalar_type()) : t->scalar_type();
+  }
+  return *type;
 }
 
 at::Tensor value_or_undefined(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
@@ -88,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input
   const at::Tensor input_bias = value_or_undefined(input_bias_opt);
   const at::Tensor hidden_bias = value_or_undefined(hidden_bias_opt);
   check_cell(op, input_gates, hidden_gates, input_bias, hidden_bias, 4, cx);
-  const c10::ScalarType type = input_gates.scalar_type();
+  const c10::ScalarType type = result_type({&input_gates, &hidden_gates, &cx, &input_bias, &hidden_bias});
   const c10::ScalarType acc = compute_type(type);
 
   at::Tensor gates = in_type(input_gates, acc).add(in_type(hidden_gates, acc));
@@ -152,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(const std::opt
   const at::Tensor grad_gates = cat_columns({grad_in, grad_forget, grad_cell_gate, grad_out});
   const at::Tensor grad_cx = grad_cell.mul(forget_gate);
   const at::Tensor grad_bias = has_bias ? sum_rows(grad_gates, type) : at::Tensor();
-  return {in_type(grad_gates, type), in_type(grad_cx, type), grad_bias};
+  return {in_type(grad_gates, type), in_type(grad_cx, cx.scalar_type()), grad_bias};
 }
 
 // aten::_thnn_fused_gru_cell -> (hy, workspace)
@@ -166,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates, const
   const at::Tensor input_bias = value_or_undefined(input_bias_opt);
   const at::Tensor hidden_bias = value_or_undefined(hidden_bias_opt);
   check_cell(op, input_gates, hidden_gates, input_bias, hidden_bias, 3, hx);
-  const c10::ScalarType type = input_gates.scalar_type();
+  const c10::ScalarType type = result_type({&input_gates, &hidden_gates, &hx, &input_bias, &hidden_bias});
   const c10::ScalarType acc = compute_type(type);
 
   at::Tensor input_side = in_type(input_gates, acc);
