@@ -145,9 +145,56 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
         if target in seen:
             continue
         seen.add(target)
+        missing = db.missing_cpu_kernel(plan.target)
+        if missing is not None:
+            if missing is not plan.target and project.covering(missing.qualified) is not None:
+                unchanged.append(plan.requested.qualified)  # its composite kernel runs the native one
+                continue
+            raise UserError(no_cpu_kernel_message(plan.target, missing))
         kernelgen.kernel_body(plan.target)  # refuse unsupported signatures before writing anything
         plans.append(plan)
     return plans, unchanged
+
+
+def no_cpu_kernel_message(op: Op, missing: Op) -> str:
+    """Why add-op writes no kernel for `op`: the kernel it writes runs the CPU kernel on the device's
+    memory, and `missing` (OpDB.missing_cpu_kernel: `op` or the functional its composite out= kernel
+    calls) has none. One line, naming where its kernels are."""
+    where = ", ".join(missing.dispatch_keys) or "no backend"
+    if missing is op:
+        msg = f"{op.qualified} has no CPU kernel (native_functions.yaml dispatches it to {where} only) and no composite one"
+    else:
+        msg = (f"{op.qualified} has no CPU kernel: its composite kernel calls {missing.qualified}, which "
+               f"native_functions.yaml dispatches to {where} only")
+    msg += (": the kernel add-op writes would call a CPU kernel that does not exist, so write this one by hand "
+            "from other ATen operators")
+    point = manifest.load().registering(missing.qualified)
+    if point is not None:
+        msg += f"; the current template implements {missing.qualified} ({', '.join(point.paths)}): run backendgen update"
+    return msg
+
+
+def template_notes(project: Project, db: OpDB, names: list[str]) -> list[str]:
+    """For the requested operators in `names` (plan_ops' unchanged ones) that the template itself
+    makes native, or that run through a composite kernel calling one it makes native: where."""
+    notes = []
+    for name in names:
+        rec = project.covering(name)
+        through = None
+        if rec is None:
+            missing = db.missing_cpu_kernel(db.resolve(name))
+            rec = project.covering(missing.qualified) if missing is not None else None
+            through = missing
+        if rec is None or rec.origin != "template":
+            continue
+        point = manifest.load().registering(rec.op)
+        where = f"{', '.join(point.paths)} ({point.name})" if point is not None else rec.source
+        if through is None:
+            notes.append(f"{name} is native in the template: {where} registers it; edit its kernel there")
+        else:
+            notes.append(f"{name} runs on the device through its composite kernel, which calls {through.qualified}: "
+                         f"{where} registers that natively; edit its kernel there")
+    return notes
 
 
 @dataclass
@@ -292,6 +339,7 @@ class AddOpsResult:
     notes: list[str] = field(default_factory=list)
     built: bool = False
     tested: bool = False
+    skipped: list[build.Skipped] = field(default_factory=list)  # what the new tests skipped, and why
     torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
@@ -309,6 +357,7 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
             result.notes += extras.notes
             plans, unchanged = plan_ops(extras.aten, project, db) if extras.aten else ([], [])
             result.unchanged += unchanged
+            result.notes += template_notes(project, db, unchanged)
             if (plans or extras.work) and build_it and test_it and not dry_run:
                 build.check_test_tools()
             for plan in plans:
@@ -362,10 +411,11 @@ def _build_and_test(project: Project, tests: list[str], result: AddOpsResult, re
         if tests:
             with rep.step("test"):
                 if run_early is not None:
-                    run_early()
+                    log = run_early()
                 else:
-                    build.run_tests(project.root, tests, name="add-op-test")
+                    log = build.run_tests(project.root, tests, name="add-op-test")
             result.tested = True
+            result.skipped = build.skipped_tests(log)
 
 
 # --- remove-op -------------------------------------------------------------------------------------

@@ -276,7 +276,7 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
 @dataclass
 class OpStatus:
     name: str
-    status: str  # native | fallback | default | composite
+    status: str  # native | fallback | default | composite | no CPU kernel
     core: bool
     schema: str
 
@@ -294,18 +294,23 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
     pat = (pattern or "*").removeprefix("aten::")
     if not any(ch in pat for ch in "*?["):
         pat = f"*{pat}*"
+    # outside a project: what a new project from the current template has natively
+    template = manifest.load() if project is None else None
     rows = []
     for op in db.all():
         if not fnmatch.fnmatchcase(op.name, pat):
             continue
         if required and not op.needs_backend_kernel:
             continue
-        if project is not None and project.covering(op.qualified) is not None:
+        if (project.covering(op.qualified) is not None if project is not None
+                else template.registering(op.qualified) is not None):
             status = "native"
         elif op.structured_delegate or {"CPU", "CompositeExplicitAutograd"} <= set(op.dispatch_keys):
             status = "fallback"  # registered to the fallback by name (registration.fallback_registrations)
         elif op.composite_implicit:
             status = "composite"
+        elif op.lacks_cpu_kernel:
+            status = "no CPU kernel"  # the fallback has nothing to run (CUDA-only, sparse-only, ...)
         elif op.needs_backend_kernel:
             status = "fallback"
         else:

@@ -435,7 +435,26 @@ def check_test_tools() -> None:
 
 
 _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
-_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfE"]
+# pytest -rs: "SKIPPED [2] tests/ops/test_abs.py:64: no OpInfo sample calls aten::abs.out; ..."
+_SKIPPED = re.compile(r"^SKIPPED \[(\d+)\] (\S+?):(?:\d+:)? (.*)$")
+_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs"]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Tests pytest skipped for one reason at one place (its -rs summary line)."""
+    count: int
+    path: str  # the test file, relative to the project
+    reason: str
+
+
+def skipped_tests(log: Path) -> list[Skipped]:
+    """The skips a test log's summary reports (the tests ran with -rs), in its order."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    return [Skipped(int(m.group(1)), m.group(2), m.group(3).strip()) for m in map(_SKIPPED.match, text.splitlines()) if m]
 
 
 def _test_env(autoload: str | None = None) -> dict[str, str]:

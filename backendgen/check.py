@@ -466,17 +466,21 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
         registered = {rec.op for rec in project.ops}
     required = db.required()
     native = [op for op in required if op.qualified in registered]
-    fallback = [op for op in required if op.qualified not in registered]
-    report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback)}
+    fallback = [op for op in required if op.qualified not in registered and not op.lacks_cpu_kernel]
+    no_cpu = [op for op in required if op.qualified not in registered and op.lacks_cpu_kernel]
+    report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback),
+                       "no_cpu_kernel": len(no_cpu)}
     report.add(Area.COVERAGE, Severity.INFO, "operators",
                f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
-               f"{len(fallback)} run through the CPU fallback", **report.coverage)
+               f"{len(fallback)} run through the CPU fallback; {len(no_cpu)} have no CPU kernel for it to run "
+               "(CUDA-only and the like)", **report.coverage)
     if list_ops:
         def order(ops):
             return [o.qualified for o in sorted(ops, key=lambda o: ("core" not in o.tags, o.name))]
 
         report.coverage["native_ops"] = order(native)
         report.coverage["fallback_ops"] = order(fallback)
+        report.coverage["no_cpu_kernel_ops"] = order(no_cpu)
 
 
 def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
@@ -519,4 +523,7 @@ def render_report(report: CheckReport, out) -> None:
     if "native_ops" in report.coverage:
         out.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
         out.print(f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"]))
+        if report.coverage.get("no_cpu_kernel_ops"):
+            out.print(f"\nno CPU kernel ({len(report.coverage['no_cpu_kernel_ops'])}): "
+                      + ", ".join(report.coverage["no_cpu_kernel_ops"]))
     out.print("\n", styled(report.verdict, "bold " + ("red" if report.exit_code else "green")))

@@ -161,7 +161,12 @@ def add_op(
         con.print("nothing to do")
     if res.added and not dry_run:
         state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+        skipped = sum(s.count for s in res.skipped)
+        if skipped:
+            state += f" ({skipped} of the new tests skipped)"
         con.print(styled(", ".join(res.added), "green"), f": {state}")
+        for s in res.skipped:
+            con.print(styled("skipped", "yellow"), f" {s.count} in {s.path}: {s.reason}")
 
 
 @app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
@@ -251,12 +256,14 @@ def ops_cmd(
     project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
     required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
 ):
-    """List operators and, for this project, whether each is native, falls back to CPU, or has a default kernel."""
+    """List operators and, for this project (outside one: a new project from the current template), whether each
+    is native, falls back to CPU, has a default kernel, or has no CPU kernel for the fallback to run (CUDA-only
+    operators: they need a kernel written by hand)."""
     from backendgen import api
     from backendgen.output import styled
 
     rows = api.list_ops(pattern, project, required=required)
-    colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim"}
+    colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim", "no CPU kernel": "red"}
     con = _out()
     con.table(["operator", "status", "core"],
               ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows))

@@ -124,6 +124,11 @@ class Manifest:
         return [op.removeprefix("aten::") for p in self.integration_points
                 for op in p.registers.get("PrivateUse1", ()) if op.startswith("aten::")]
 
+    def registering(self, qualified: str) -> IntegrationPoint | None:
+        """The integration point whose files register ATen operator `qualified` ("aten::op.overload")
+        at PrivateUse1, if the template registers it."""
+        return next((p for p in self.integration_points if qualified in p.registers.get("PrivateUse1", ())), None)
+
 
 def _tuple_map(d: dict | None) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in (d or {}).items()}

@@ -179,6 +179,15 @@ class Op:
         return f"{self.namespace}::{self.name}"
 
     @property
+    def lacks_cpu_kernel(self) -> bool:
+        """Nothing the CPU fallback could run for it: native_functions.yaml dispatches it to no CPU
+        kernel and it has no composite kernel (CUDA-only operators such as `_thnn_fused_lstm_cell`,
+        sparse-only, quantized-only ones). A structured overload is judged by its delegate (`sin`
+        runs through `sin.out`)."""
+        return (self.namespace == "aten" and not self.structured_delegate and "CPU" not in self.dispatch_keys
+                and not self.composite_implicit and not self.composite_explicit)
+
+    @property
     def qualified_schema(self) -> str:
         return f"{self.namespace}::{self.schema}"
 
@@ -345,6 +354,17 @@ class OpDB:
             if all(k in have for k in keys):
                 out.append(name)
         return out
+
+    def missing_cpu_kernel(self, op: Op) -> Op | None:
+        """The operator without a CPU kernel (Op.lacks_cpu_kernel) that running `op` on the CPU would
+        need: `op` itself, or, for an out= overload with no CPU kernel of its own, the functional
+        overload its composite kernel calls (`_thnn_fused_lstm_cell.out` -> `_thnn_fused_lstm_cell`,
+        the out= forms `autogen` adds). None if the CPU can run it."""
+        if op.lacks_cpu_kernel:
+            return op
+        if op.kind == "out" and "CPU" not in op.dispatch_keys and not op.structured_delegate:
+            return next((o for o in self.overloads(op.base) if o.kind == "functional" and o.lacks_cpu_kernel), None)
+        return None
 
     def get(self, name: str) -> Op | None:
         m = _OP_NAME.match(name.strip()) if len(name) <= 200 else None

@@ -37,6 +37,16 @@ def test_clean_project_passes(built_project):
     assert [f for f in report.findings if f.severity == "warning"] == []
     assert {f.area for f in report.findings} == {"versions", "schema", "api", "extension", "coverage"}
     assert report.coverage["native"] >= 20 and report.coverage["required"] > 500
+    c = report.coverage
+    assert c["native"] + c["fallback"] + c["no_cpu_kernel"] == c["required"] and c["no_cpu_kernel"] > 0
+
+
+def test_ops_lists_the_template_native_cells_apart_from_those_with_no_cpu_kernel(built_project):
+    report = check_project(Project.load(built_project), list_ops=True)
+    c = report.coverage
+    assert "aten::_thnn_fused_lstm_cell" in c["native_ops"] and "aten::_thnn_fused_gru_cell_backward" in c["native_ops"]
+    assert "aten::cudnn_convolution" in c["no_cpu_kernel_ops"] and "aten::cudnn_convolution" not in c["fallback_ops"]
+    assert "aten::sin.out" in c["fallback_ops"]
 
 
 def test_drifted_yaml_with_identical_schemas_is_clean(project_copy):

@@ -193,3 +193,14 @@ def test_add_op_writes_native_view_kernels(project_copy):
     log = build.run_tests(root, [f"tests/ops/test_{device}_flatview.py", "-vv"], name="custom-view-verbose")
     assert re.search(rf"test_{device}_flatview\.py::test_result_is_a_view_of_its_argument PASSED", log.read_text()), \
         log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_add_op_reports_the_generated_tests_it_skipped(project_copy):
+    """No OpInfo sample calls _standard_gamma_grad: its generated test skips, and add-op says so
+    (it used to print only "built and tested")."""
+    out = run_cli("add-op", "aten::_standard_gamma_grad", "--project", str(project_copy))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "aten::_standard_gamma_grad: built and tested (1 of the new tests skipped)" in out.stdout, out.stdout
+    assert ("skipped 1 in tests/ops/test__standard_gamma_grad.py: no OpInfo sample calls aten::_standard_gamma_grad"
+            in out.stdout), out.stdout

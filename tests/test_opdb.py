@@ -79,3 +79,41 @@ def test_cache_is_keyed_by_version_and_hash_and_survives_corruption(tmp_path, mo
     again = opdb.load_opdb(info)
     assert len(again) == len(first)
     assert json.loads(files[0].read_text())["sha256"] == info.yaml_sha256
+
+
+# The fused RNN cells have CUDA kernels only: the CPU fallback has nothing to run for them.
+CUDA_ONLY = ["_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
+             "_thnn_fused_gru_cell_backward", "cudnn_convolution"]
+
+
+@pytest.mark.parametrize("name", CUDA_ONLY)
+def test_operators_without_a_cpu_kernel_are_known_from_the_yaml(db, name):
+    op = db.resolve(name)
+    assert op.lacks_cpu_kernel and "CPU" not in op.dispatch_keys
+    assert db.missing_cpu_kernel(op) is op
+
+
+@pytest.mark.parametrize("name", ["sin", "sin.out", "mul.out", "empty_strided", "convolution_overrideable",
+                                  "_thnn_fused_lstm_cell_backward", "linear", "_thnn_fused_lstm_cell.out"])
+def test_operators_the_cpu_can_run_or_decompose_do_not_lack_one(db, name):
+    assert not db.resolve(name).lacks_cpu_kernel
+
+
+def test_an_autogen_out_overload_needs_its_functional(db):
+    """`_thnn_fused_lstm_cell.out` has a composite kernel, but it calls the functional, which has no CPU kernel."""
+    out = db.resolve("_thnn_fused_lstm_cell.out")
+    assert out.composite_explicit and db.missing_cpu_kernel(out) is db.resolve("_thnn_fused_lstm_cell")
+    assert db.missing_cpu_kernel(db.resolve("mul.out")) is None
+    assert db.missing_cpu_kernel(db.resolve("add.Scalar_out")) is None  # composite, its functional runs on the CPU
+
+
+def test_lacking_a_cpu_kernel_agrees_with_the_live_dispatcher(db):
+    """What the yaml says is what a clean torch's dispatcher has: no CPU kernel for any flagged operator."""
+    import torch
+
+    flagged = [op for op in db.all() if op.lacks_cpu_kernel]
+    assert {f"aten::{n}" for n in CUDA_ONLY} <= {op.qualified for op in flagged}
+    for op in flagged:
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.qualified, "CPU"), op.qualified
+    for name in ("mul.out", "sin.out", "empty_strided"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CPU"), name
