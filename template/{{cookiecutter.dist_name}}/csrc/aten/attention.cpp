@@ -34,8 +34,11 @@
 #include <ATen/ops/_scaled_dot_product_fused_attention_overrideable_ops.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <vector>
 
 namespace {{ cookiecutter.device }}::attention {
 
@@ -148,6 +151,26 @@ HostForward forward_on_host(const at::Tensor& query, const at::Tensor& key, cons
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
                                  at::Tensor, at::Tensor>;
 
+// `host` (a result computed on the host) laid out as PyTorch's fake kernels promise, which
+// torch.compile asserts: `like`'s order of dimensions by stride (what empty_like(like) gives; the
+// forward's output follows the query even when its last dimension differs).
+at::Tensor in_layout_of(const at::Tensor& host, const at::Tensor& like) {
+  const int64_t n = like.dim();
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<int64_t> strides(n);
+  int64_t stride = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    strides[*it] = stride;
+    stride *= host.size(*it);
+  }
+  if (host.strides() == c10::IntArrayRef(strides)) return host;
+  at::Tensor out = host.new_empty_strided(host.sizes(), strides);
+  out.copy_(host);
+  return out;
+}
+
 // Returns (output [B, H, L, Ev], logsumexp [B, H, L] in the accumulate type, cum_seq_q, cum_seq_k
 // (undefined: no nested inputs), max_q = L, max_k = S, philox_seed, philox_offset (0: no dropout),
 // debug_attn_mask (empty)).
@@ -164,7 +187,7 @@ ForwardResult forward(const at::Tensor& query, const at::Tensor& key, const at::
   HostForward host = forward_on_host(kernels::host_alias(query), kernels::host_alias(key), kernels::host_alias(value),
                                      mask, is_causal, scale);
   const at::Tensor philox = host.output.new_zeros(at::IntArrayRef{}, at::kLong);
-  return {kernels::to_device(host.output, device),
+  return {kernels::to_device(in_layout_of(host.output, query), device),
           kernels::to_device(host.logsumexp, device),
           at::Tensor(),
           at::Tensor(),
@@ -200,15 +223,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   const at::Tensor dp = dout.matmul(v.transpose(-2, -1));
   const at::Tensor ds = p.mul(dp.sub(dp.mul(p).sum({-1}, /*keepdim=*/true)));  // d scores (before the scale)
   at::Tensor dq, dk, dv, dbias;
-  if (grad_input_mask[0]) dq = kernels::to_device(ds.matmul(k).mul_(s).to(query.scalar_type()), device);
+  // each gradient in its input's layout (the fake kernels' empty_like)
+  if (grad_input_mask[0]) dq = kernels::to_device(in_layout_of(ds.matmul(k).mul_(s).to(query.scalar_type()), query), device);
   if (grad_input_mask[1]) {
-    dk = kernels::to_device(reduce_heads(ds.transpose(-2, -1).matmul(q).mul_(s), kv_heads).to(key.scalar_type()), device);
+    dk = kernels::to_device(
+        in_layout_of(reduce_heads(ds.transpose(-2, -1).matmul(q).mul_(s), kv_heads).to(key.scalar_type()), key), device);
   }
   if (grad_input_mask[2]) {
-    dv = kernels::to_device(reduce_heads(p.transpose(-2, -1).matmul(dout), kv_heads).to(value.scalar_type()), device);
+    dv = kernels::to_device(
+        in_layout_of(reduce_heads(p.transpose(-2, -1).matmul(dout), kv_heads).to(value.scalar_type()), value), device);
   }
   if (grad_input_mask[3] && mask.defined() && mask.is_floating_point()) {
-    dbias = kernels::to_device(ds.sum_to_size(mask.sizes()).to(mask.scalar_type()), device);
+    dbias = kernels::to_device(in_layout_of(ds.sum_to_size(mask.sizes()).to(mask.scalar_type()), attn_bias), device);
   }
   return {dq, dk, dv, dbias};
 }

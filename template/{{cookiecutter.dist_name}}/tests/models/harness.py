@@ -11,6 +11,7 @@ output, every gradient, the updated parameters and the buffers (batch-norm stati
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,8 @@ def _first_tensor(out):
         return _first_tensor(out[0])
     if hasattr(out, "data") and isinstance(out.data, torch.Tensor):  # PackedSequence
         return out.data
+    if isinstance(out, Mapping):  # a model output object (Hugging Face's ModelOutput): its first tensor
+        return _first_tensor(next(v for v in out.values() if isinstance(v, (torch.Tensor, tuple, list))))
     raise TypeError(f"no tensor in {type(out)}")
 
 
@@ -62,6 +65,7 @@ def train(model: torch.nn.Module, batches, loss_fn, device: str, *, make_opt=Non
     """Train `model` (already built; deep-copied here) on `device` over `batches` (CPU tensors, a
     list of tuples: the model's arguments, then — with `forward_args` — what only the loss reads).
     `loss_fn(output, batch)` gives the loss; `make_opt(params)` the optimizer."""
+    torch.manual_seed(0)  # every run draws the same random numbers (the device's generators are seeded too)
     model = copy.deepcopy(model).to(device)
     model.train(train_mode)
     opt = make_opt(model.parameters()) if make_opt else torch.optim.SGD(model.parameters(), lr=0.05)
