@@ -48,6 +48,23 @@ def test_invalid_device_index_is_an_error_not_a_crash(mod):
         mod.set_device(99)
 
 
+def test_device_capability_lists_the_dtypes(mod):
+    caps = [torch.accelerator.get_device_capability(f"{DEVICE}:{i}") for i in range(mod.device_count())]
+    assert all(torch.float32 in c["supported_dtypes"] and torch.bfloat16 in c["supported_dtypes"] for c in caps)
+    assert all(c == caps[0] for c in caps)
+    with pytest.raises(RuntimeError, match="device index is out of range"):
+        torch.accelerator.get_device_capability(f"{DEVICE}:{mod.device_count()}")
+
+
+def test_cpu_and_device_tensors_can_swap_data():
+    # nn.Module.to() keeps Parameter objects (and so tied weights) only if this holds
+    cpu, dev = torch.zeros(3), torch.ones(3, device=DEVICE)
+    assert torch._has_compatible_shallow_copy_type(cpu, dev) and torch._has_compatible_shallow_copy_type(dev, cpu)
+    cpu.data = dev
+    assert cpu.device.type == DEVICE and cpu.sum().item() == 3
+    assert not torch._has_compatible_shallow_copy_type(dev, torch.ones(3).to_sparse())
+
+
 def test_cross_device_op_is_a_clear_error(mod):
     if mod.device_count() < 2:
         pytest.skip("needs two devices")

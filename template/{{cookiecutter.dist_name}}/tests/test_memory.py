@@ -52,6 +52,14 @@ def test_pinned_memory():
     assert torch.equal(d.cpu(), x)
 
 
+def test_pinned_is_recognised_anywhere_inside_a_block():
+    # a storage sliced out of a pinned one starts past the block's first byte
+    p = torch.randn(64).pin_memory()
+    inner = p.untyped_storage()[16:]
+    assert inner.is_pinned() and torch.empty(0).set_(inner).is_pinned()
+    assert not torch.randn(64).untyped_storage()[16:].is_pinned()
+
+
 def run_in_threads(work, n=4):
     """Run `work` in n threads at once; re-raise the first exception any of them met."""
     errors = []
