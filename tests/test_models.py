@@ -22,7 +22,7 @@ def test_the_generated_backend_passes_its_model_suite(built_project, opt_in_run)
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                 "-m", "models", MODEL_TESTS], cwd=built_project, capture_output=True, text=True, timeout=300)
     total = int(re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", collected.stdout).group(1))
-    assert passed >= 40, summary
+    assert passed >= 30, summary
     # every test ran and passed, but those of a third-party package this environment lacks
     skipped = int(m.group(1)) if (m := re.search(r"(\d+) skipped", summary)) else 0
     assert passed + skipped == total and "failed" not in summary and "error" not in summary, summary

@@ -47,10 +47,14 @@ def test_probe_of_a_package_that_loads(tmp_path):
     (tmp_path / "fine_pkg.py").write_text("")
     req = {"package": "fine_pkg", "py_apis": [], "schemas": {}, "ops": ["aten::add.Tensor"],
            "keys": {"aten::add.Tensor": ["CPU"]}}
+    req["device_module"] = ["device_count", "_utils._get_device_index"]
     out = _run("probe", json.dumps(req), env=subprocess_env(autoload="0", pythonpath=tmp_path))
-    load = [json.loads(line) for line in out.stdout.splitlines()][-1]["load"]
+    lines = {key: value for line in out.stdout.splitlines() for key, value in json.loads(line).items()}
+    load = lines["load"]
     assert load["ok"] is True and load["backend_name"] == "privateuseone"
     assert load["kernels"]["aten::add.Tensor"]["has"] is False and load["keyed"] == {"aten::add.Tensor": {"CPU": True}}
+    # no backend renamed PrivateUse1: there is no torch.<device> module, so it has none of the attributes
+    assert lines["device_module"] == {"device_count": False, "_utils._get_device_index": False}
 
 
 def test_torch_names():

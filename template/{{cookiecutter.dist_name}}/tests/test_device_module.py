@@ -50,6 +50,26 @@ os.waitpid(pid, 0)
     assert out.stdout.split() == ["False", "True", "False"]
 
 
+def test_lazy_call_defers_until_the_device_is_initialised():
+    # torch.accelerator (torch 2.14 and later) defers seeding through the device module's _lazy_call
+    code = f"""
+import torch, {{ cookiecutter.package }}
+mod = getattr(torch, {DEVICE!r})
+ran = []
+mod._lazy_call(lambda: ran.append("first seed"), seed=True)
+mod._lazy_call(lambda: ran.append("second seed"), seed=True)
+mod._lazy_call(lambda: ran.append("call"))
+print(len(ran))
+torch.ones(1, device={DEVICE!r})
+print(",".join(ran).replace(" ", "_"))
+mod._lazy_call(lambda: ran.append("now"))
+print(ran[-1])
+"""
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "second_seed,call", "now"]
+
+
 def test_default_generators_and_get_generator(mod):
     gens = mod.default_generators
     assert isinstance(gens, tuple) and len(gens) == mod.device_count()

@@ -216,13 +216,39 @@ def _is_in_bad_fork() -> bool:
 def _lazy_init() -> None:
     """PyTorch calls this before it creates a tensor on the device from Python: runs the runtime's
     one-time initialisation (the hooks' init(), csrc/runtime/hooks.cpp) through torch's lazy
-    device initialisation, or refuses in a child forked after the parent initialised the device."""
+    device initialisation, or refuses in a child forked after the parent initialised the device.
+    Then it runs what `_lazy_call` deferred."""
     if _C.is_in_bad_fork():
         raise RuntimeError(
             f"Cannot re-initialize {_DEVICE} in forked subprocess. To use {_DEVICE} with "
             "multiprocessing, you must use the 'spawn' start method"
         )
     _C.lazy_init()
+    _run_deferred()
+
+
+_deferred_calls: list = []
+_deferred_seed: dict = {}  # "seed" / "seed_all": only the latest seeding call matters, as on CUDA
+
+
+def _lazy_call(callable, **kwargs) -> None:
+    """Run `callable` once the device is initialised — now, if it is (torch.accelerator defers
+    work, such as seeding, through this, as torch.cuda._lazy_call does; torch 2.14 and later)."""
+    if is_initialized():
+        callable()
+        return
+    if kwargs.get("seed_all") or kwargs.get("seed"):
+        _deferred_seed["seed_all" if kwargs.get("seed_all") else "seed"] = callable
+    else:
+        _deferred_calls.append(callable)
+
+
+def _run_deferred() -> None:
+    calls = [*_deferred_seed.values(), *_deferred_calls]
+    _deferred_seed.clear()
+    _deferred_calls.clear()
+    for call in calls:
+        call()
 
 
 # --- memory -----------------------------------------------------------------------------------
