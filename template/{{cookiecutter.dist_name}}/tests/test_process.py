@@ -1,7 +1,8 @@
 """Process-level behaviour: clean interpreter exit, fork without re-initialisation, and a process
 where another backend holds PrivateUse1."""
 
-import pytest
+import subprocess
+import sys
 
 from tests.conftest import DEVICE, run_python
 
@@ -14,12 +15,16 @@ print('ok')
 """
 
 
-@pytest.mark.parametrize("attempt", range(5))
-def test_clean_exit_after_backward(attempt):
-    out = run_python(TRAIN)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
-    assert "terminate called" not in out.stderr
+def test_clean_exit_after_backward():
+    # an exit race shows only sometimes: five interpreters, started together (less wall time than
+    # one after another, and more contention at exit)
+    runs = [subprocess.Popen([sys.executable, "-c", TRAIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(5)]
+    for run in runs:
+        stdout, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr
+        assert stdout.strip() == "ok"
+        assert "terminate called" not in stderr
 
 
 def test_clean_exit_after_an_exception_in_a_kernel():
