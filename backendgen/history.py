@@ -103,6 +103,11 @@ def states(version: int | None = None) -> list[State]:
     return [s for s in _store()[0] if version is None or s.version == version]
 
 
+def blob(digest: str) -> bytes:
+    """A stored file's bytes, by the SHA-256 the states name it by."""
+    return _store()[1][digest]
+
+
 def find(state_hash: str) -> State | None:
     return next((s for s in _store()[0] if s.hash == state_hash), None)
 

@@ -27,7 +27,9 @@ hash matches) and merged otherwise, with the older kernel shape as the base.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -272,11 +274,53 @@ def render_state(state: history.State, context: dict[str, str], into: Path) -> P
     return root
 
 
+_PATH_VARIABLE = re.compile(r"\{\{cookiecutter\.(\w+)\}\}")
+_file_renders: dict[tuple, bytes] = {}  # one template file's rendering, by what it depends on
+
+
+def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, bytes]:
+    """What a stored state renders with `context` ({path in the project: bytes}, the files render_state
+    writes), rendering each template file once per content: a file's rendering depends only on its
+    path and text, cookiecutter.json, the context and, for a file that reads the manifest, template.json
+    (no template ever included one file in another). The states of one version share most files, so
+    comparing a project with all of them costs little more than one render."""
+    blobs = dict(state.files)
+    common = (blobs.get("cookiecutter.json"), tuple(sorted(context.items())))
+    keys = {}
+    for rel, digest in state.files:
+        if rel.startswith("{{"):  # the project directory; ops/ and the json files are not rendered
+            reads_manifest = b"_manifest" in history.blob(digest)
+            keys[rel] = (rel, digest, blobs.get(manifest.MANIFEST_FILE) if reads_manifest else None, *common)
+
+    def out_path(rel: str) -> str:
+        return _PATH_VARIABLE.sub(lambda m: context[m.group(1)], rel).split("/", 1)[1]
+
+    todo = sorted(rel for rel, key in keys.items() if key not in _file_renders)
+    if todo:
+        partial = dataclasses.replace(state, files=tuple(
+            (rel, digest) for rel, digest in state.files if rel in todo or "/" not in rel))
+        with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+            with history.materialized(partial) as tpl:
+                from backendgen.render import render_into
+
+                root = render_into(Path(tmp), context, template=tpl)
+            out = template_tree.files(root)
+        wanted = {out_path(rel): rel for rel in todo}
+        if set(out) != set(wanted):  # cannot happen with the template's paths; render it whole then
+            with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+                with history.materialized(state) as tpl:
+                    from backendgen.render import render_into
+
+                    return template_tree.files(render_into(Path(tmp), context, template=tpl))
+        for path, rel in wanted.items():
+            _file_renders[keys[rel]] = out[path]
+    return {out_path(rel): _file_renders[key] for rel, key in keys.items()}
+
+
 def _rendered_hashes(state: history.State, context: dict[str, str]) -> dict[str, str]:
     key = (state.hash, tuple(sorted(context.items())))
     if key not in _scores:
-        with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
-            render_state(state, context, Path(tmp))
+        _scores[key] = {rel: template_tree.blob_hash(data) for rel, data in rendered_files(state, context).items()}
     return _scores[key]
 
 
@@ -304,20 +348,24 @@ def choose_base(project: Project, version: int) -> Base:
     context = answers(project, version, project.data.get("backendgen_version", __version__))
     own: dict[str, str | None] = {}
 
-    def matches(state: history.State) -> int:
-        count = 0
+    def score(state: history.State) -> tuple[int, int]:
+        """(files the rendering and the project have byte for byte the same, minus the others the rendering has)"""
+        same = other = 0
         for rel, digest in _rendered_hashes(state, context).items():
             if rel in TOOL_OWNED:
                 continue
             if rel not in own:
                 path = project.root / rel
                 own[rel] = template_tree.blob_hash(path.read_bytes()) if path.is_file() else None
-            count += own[rel] == digest
-        return count
+            if own[rel] == digest:
+                same += 1
+            else:
+                other += 1
+        return same, -other
 
-    scored = [(matches(s), s.order, s) for s in candidates]
-    best, _, state = max(scored, key=lambda t: t[:2])
-    total = len(_rendered_hashes(state, context))
+    scored = [(*score(s), s.order, s) for s in candidates]
+    best, _, _, state = max(scored, key=lambda t: t[:3])
+    total = len([rel for rel in _rendered_hashes(state, context) if rel not in TOOL_OWNED])
     return Base(state, note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
                 f"of the project's files ({best} of {total}; {len(candidates)} states compared)")
 
