@@ -228,6 +228,52 @@ def test_update_from_each_earlier_template_keeps_every_hand_edit(version, old_ba
     assert again.returncode == 0 and f"nothing to do: the project is on template {CURRENT}" in again.stdout
 
 
+ISSUE_30 = "24570a6"  # template 3, a state other than the release's: its generator.cpp differs from it
+DEVICE_30 = unique_device("upd")  # one old project of that state a session, copied by each test
+
+
+def team_edit(root: Path) -> None:
+    """Hand edits in a kernel, README.md and a file of the team's own only."""
+    _insert_after(root / KERNEL, "device computation: replace with your SDK call", TEAM_KERNEL_LINE)
+    _insert_after(root / "README.md", "# ", "\n" + TEAM_README_LINE)
+    (root / TEAM_FILE).write_text("// the team's own file\nnamespace team {}\n")
+    _commit(root, "team edits")
+
+
+def test_a_file_the_team_did_not_edit_never_conflicts(old_backendgen, tmp_path):
+    """A project of another state of its version than the stored release's: update finds its state
+    (no template_state recorded), so the files the team never edited take the template's changes whole."""
+    root = _copy(old_backendgen(3, DEVICE_30, ISSUE_30), tmp_path / "p")
+    team_edit(root)
+    out = run_cli("update", "--no-build", "--project", str(root))
+    assert out.returncode == 0 and "conflict" not in out.stdout, out.stdout + out.stderr
+    state = next(s for s in history.states(3) if s.commit.startswith(ISSUE_30))
+    assert f"merge base: {state.describe()}, the state of template 3 whose rendering matches" in out.stdout
+    assert "updated     csrc/runtime/generator.cpp" in out.stdout and "merged      README.md" in out.stdout
+    assert TEAM_KERNEL_LINE in (root / KERNEL).read_text() and TEAM_README_LINE in (root / "README.md").read_text()
+    assert (root / TEAM_FILE).read_text() == "// the team's own file\nnamespace team {}\n"
+    assert_on_current_template(root)
+    assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
+
+
+def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
+    root = _copy(old_backendgen(3, DEVICE_30, ISSUE_30), tmp_path / "p")
+    release = history.states(3)[-1]
+    assert not release.commit.startswith(ISSUE_30)
+    meta = json.loads((root / "backendgen.json").read_text())
+    # recorded (as a backendgen that records it writes): used as it is, though it is not the project's
+    (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": release.hash}, indent=2) + "\n")
+    result = api.update_project(root, dry_run=True)
+    assert f"merge base: recorded: {release.describe()}" in result.notes
+    assert result.conflicts == ["csrc/runtime/generator.cpp"]  # the wrong base: what issue 30 saw
+    # a state this backendgen does not know: said, and the best match is used
+    (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": "ab" * 32}, indent=2) + "\n")
+    result = api.update_project(root, dry_run=True)
+    assert result.conflicts == [] and result.exit_code == 0
+    assert any(n.startswith(f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows; "
+                            f"template 3 as of {ISSUE_30}") for n in result.notes), result.notes
+
+
 def test_update_of_a_current_project_does_nothing(rendered_project, tmp_path):
     root = _copy(rendered_project, tmp_path / "p")
     before = _tree(root)
@@ -264,6 +310,62 @@ def test_a_conflicting_edit_is_listed_exits_1_and_loses_nothing(old_backendgen, 
     done = run_cli("update", "--no-build", "--project", str(root), "--allow-dirty")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "update" not in json.loads((root / "backendgen.json").read_text())
+
+
+# --- from a wheel install ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory) -> Path:
+    """The Python of a throwaway virtualenv where backendgen is installed from a wheel of this
+    repository, as README's `pip install torch==2.13.0 .` installs it (pip byte-compiles the packaged
+    template); torch and the other dependencies are this environment's, reached through a .pth line."""
+    base = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(base / "dist"), str(REPO)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    import sysconfig
+    outer = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (Path(purelib) / "outer_environment.pth").write_text("".join(f"{p}\n" for p in outer))
+    wheel = next((base / "dist").glob("backendgen-*.whl"))
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                                "--no-index", str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    return python
+
+
+def _wheel_cli(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-m", "backendgen", *args], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_update_and_new_from_a_wheel_install(wheel_python, old_backendgen, tmp_path):
+    where = subprocess.run([str(wheel_python), "-c", "import backendgen.history as h, backendgen.manifest as m\n"
+                            "print(h.__file__); print(m.template_dir()); print(h.current_state()); print(len(h.states()))"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    module, template, state, stored = where.stdout.split()
+    assert str(wheel_python.parent.parent) in module and Path(template).name == "_template", where.stdout + where.stderr
+    assert list(Path(template).rglob("__pycache__/*.pyc"))  # what pip does to the packaged template
+    assert state == history.current_state() and int(stored) == len(history.states())  # all of it is in the wheel
+    root = _copy(old_backendgen(3, DEVICE_30, ISSUE_30), tmp_path / "p")
+    team_edit(root)
+    dry = _wheel_cli(wheel_python, "update", "--dry-run", "--project", str(root), cwd=tmp_path)
+    assert dry.returncode == 0 and "+++ b/csrc/runtime/generator.cpp" in dry.stdout, dry.stdout + dry.stderr
+    assert "conflict" not in dry.stdout
+    out = _wheel_cli(wheel_python, "update", "--no-build", "--project", str(root), cwd=tmp_path)
+    assert out.returncode == 0 and "conflict" not in out.stdout, out.stdout + out.stderr
+    assert_on_current_template(root)
+    assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
+    new = _wheel_cli(wheel_python, "new", unique_device("whl"), "--no-build", "--output", str(tmp_path / "new"),
+                     cwd=tmp_path)
+    assert new.returncode == 0, new.stdout + new.stderr
+    assert json.loads((tmp_path / "new" / "backendgen.json").read_text())["template_state"] == history.current_state()
+    for project in (root, tmp_path / "new"):
+        assert not [p for p in project.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
 
 
 # --- dry run, rollback, refusals -----------------------------------------------------------------------
