@@ -262,19 +262,16 @@ _scores: dict[tuple[str, tuple], dict[str, str]] = {}  # (state, answers) -> {pa
 
 
 def render_state(state: history.State, context: dict[str, str], into: Path) -> Path:
-    """Render a stored state with `context` under `into`; return the project directory (its file
-    hashes are remembered for choose_base)."""
+    """Render a stored state with `context` under `into`, whole, as `new` did; return the project directory."""
     from backendgen.render import render_into
 
     into.mkdir(parents=True, exist_ok=True)
     with history.materialized(state) as tpl:
-        root = render_into(into, context, template=tpl)
-    _scores[(state.hash, tuple(sorted(context.items())))] = {
-        rel: template_tree.blob_hash(data) for rel, data in template_tree.files(root).items()}
-    return root
+        return render_into(into, context, template=tpl)
 
 
 _PATH_VARIABLE = re.compile(r"\{\{cookiecutter\.(\w+)\}\}")
+_READS_ANOTHER_FILE = re.compile(rb"\{%-?\s*(include|import|extends|from)\b")
 _file_renders: dict[tuple, bytes] = {}  # one template file's rendering, by what it depends on
 
 
@@ -282,9 +279,13 @@ def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, b
     """What a stored state renders with `context` ({path in the project: bytes}, the files render_state
     writes), rendering each template file once per content: a file's rendering depends only on its
     path and text, cookiecutter.json, the context and, for a file that reads the manifest, template.json
-    (no template ever included one file in another). The states of one version share most files, so
-    comparing a project with all of them costs little more than one render."""
+    (no template has included one file in another so far; one that does is rendered whole). The
+    states of one version share most files, so comparing a project with all of them costs little
+    more than one render."""
     blobs = dict(state.files)
+    if any(_READS_ANOTHER_FILE.search(history.blob(digest)) for rel, digest in state.files if rel.startswith("{{")):
+        with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+            return template_tree.files(render_state(state, context, Path(tmp)))
     common = (blobs.get("cookiecutter.json"), tuple(sorted(context.items())))
     keys = {}
     for rel, digest in state.files:
@@ -308,10 +309,7 @@ def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, b
         wanted = {out_path(rel): rel for rel in todo}
         if set(out) != set(wanted):  # cannot happen with the template's paths; render it whole then
             with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
-                with history.materialized(state) as tpl:
-                    from backendgen.render import render_into
-
-                    return template_tree.files(render_into(Path(tmp), context, template=tpl))
+                return template_tree.files(render_state(state, context, Path(tmp)))
         for path, rel in wanted.items():
             _file_renders[keys[rel]] = out[path]
     return {out_path(rel): _file_renders[key] for rel, key in keys.items()}
@@ -336,7 +334,7 @@ def choose_base(project: Project, version: int) -> Base:
         state = history.find(recorded)
         if state is not None and state.version == version:
             return Base(state, f"recorded: {state.describe()}")
-        note = f"the recorded template_state {recorded[:12]} is not one this backendgen knows; "
+        note = f"the recorded template_state {recorded[:12]} is not one this backendgen knows of template {version}; "
     if version == current_version():
         return Base(None, note + "the installed template")
     candidates = history.states(version)

@@ -198,7 +198,7 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
     for state in history.states():
         context = update.answers(answers_of, state.version, meta["backendgen_version"])
         files = update.rendered_files(state, context)  # file by file, as choose_base compares them
-        if state is history.states(state.version)[-1]:  # the same as cookiecutter rendering it whole
+        if state in (history.states()[0], history.states(5)[0], history.states()[-1]):  # the same as cookiecutter's whole rendering
             assert template_tree.files(update.render_state(state, context, tmp_path / "whole" / state.hash)) == files
         root = tmp_path / state.hash
         for rel, data in files.items():
@@ -218,7 +218,8 @@ def test_update_from_each_earlier_template_keeps_every_hand_edit(version, old_ba
     out = run_cli("update", "--no-build", "--project", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"template {version} -> {CURRENT}: written (not built)" in out.stdout
-    assert "merged      README.md" in out.stdout
+    if version < 9:  # template 10 began with no change to the files (3491985): README.md is the same to 9's
+        assert "merged      README.md" in out.stdout
     if version == 1:  # the kernel shape changed after template 1 (device checks): the edited kernel is merged
         assert f"merged      {KERNEL}" in out.stdout
     assert_hand_edits_intact(root)
@@ -270,7 +271,7 @@ def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
     (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": "ab" * 32}, indent=2) + "\n")
     result = api.update_project(root, dry_run=True)
     assert result.conflicts == [] and result.exit_code == 0
-    assert any(n.startswith(f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows; "
+    assert any(n.startswith(f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows of template 3; "
                             f"template 3 as of {ISSUE_30}") for n in result.notes), result.notes
 
 
