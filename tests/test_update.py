@@ -184,6 +184,32 @@ def test_the_state_hash_ignores_bytecode_order_and_times_and_bytecode_is_never_r
     assert not [p for p in root.rglob("*") if "__pycache__" in p.parts or p.suffix == ".pyc"]
 
 
+def test_a_binary_file_is_rendered_compared_and_replaced_as_bytes_never_merged(tmp_path):
+    """A template file that is not UTF-8 (an image, a firmware blob) is copied byte for byte, and
+    update replaces it only where the project's is the older template's."""
+    tpl = tmp_path / "template"
+    shutil.copytree(manifest.template_dir(), tpl, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    logo = b"\x89PNG\r\n\x1a\n\xa7\xff{{ not jinja }}\x00"
+    (tpl / "{{cookiecutter.dist_name}}" / "logo.png").write_bytes(logo)
+    context = {**naming.derive(unique_device("bin")).context(), "num_devices": "2", "torch_version": "2.13.0",
+               "backendgen_version": "0", "template_version": str(CURRENT)}
+    rendered = update._render_files(tpl, context, tmp_path / "out")
+    assert rendered["logo.png"][0] == logo and isinstance(rendered["README.md"][0], str)
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "same.png").write_bytes(logo)
+    (root / "edited.png").write_bytes(logo + b"\x01")
+    plan, result = update.Plan(root), update.UpdateResult(root, CURRENT - 1, CURRENT)
+    new_logo = logo.replace(b"\xa7", b"\xa8")
+    for rel in ("same.png", "edited.png", "added.png"):
+        update.merge_file(plan, result, rel, None if rel == "added.png" else logo, new_logo, ("yours", "old", "new"))
+    assert plan.writes == {"same.png": new_logo, "added.png": new_logo}  # bytes, not text
+    actions = {c.path: (c.action, c.note) for c in result.changes}
+    assert actions["same.png"][0] is update.Action.UPDATED and actions["added.png"][0] is update.Action.ADDED
+    assert actions["edited.png"][0] is update.Action.KEPT and "yours is kept" in actions["edited.png"][1]
+    assert not result.conflicts and "Binary files a/same.png and b/same.png differ" in plan.diff()
+
+
 def test_a_new_project_records_its_exact_template_state(rendered_project):
     assert json.loads((rendered_project / "backendgen.json").read_text())["template_state"] == history.current_state()
     assert len(history.current_state()) == 64 and int(history.current_state(), 16) >= 0
