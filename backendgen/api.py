@@ -559,7 +559,6 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
     markers, listed in the result (exit_code 1) and recorded; nothing is built then. A project in a
     git work tree with uncommitted changes is refused unless `allow_dirty`. `dry_run`: the
     result's diff says what would change, nothing is written."""
-    from backendgen import history
     from backendgen import update as upd
     from backendgen.check import check_project
     from backendgen.project import METADATA_FILE
