@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, amp, build, kernelgen, manifest, naming, registration, render
+from backendgen import __version__, addop, amp, build, history, kernelgen, manifest, naming, registration, render
 from backendgen.addop import AddOpsResult, RemoveOpsResult
 from backendgen.drift import Drift, classify
 from backendgen.errors import EnvironmentProblem, ProjectError, UserError
@@ -115,6 +115,7 @@ def _initial_metadata(names: naming.Names, devices: int, db: OpDB, tpl: manifest
         "format": METADATA_FORMAT,
         "backendgen_version": __version__,
         "template_version": str(tpl.template_version),
+        "template_state": history.current_state(),  # the exact template (backendgen.template_tree)
         **names.context(),
         "num_devices": devices,
         "torch": {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256},
@@ -558,7 +559,6 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
     markers, listed in the result (exit_code 1) and recorded; nothing is built then. A project in a
     git work tree with uncommitted changes is refused unless `allow_dirty`. `dry_run`: the
     result's diff says what would change, nothing is written."""
-    from backendgen import history
     from backendgen import update as upd
     from backendgen.check import check_project
     from backendgen.project import METADATA_FILE
@@ -589,13 +589,14 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             old_torch = project.torch_version
             skip = upd.plan_torch(project, db, plan, result) if torch_signatures else set()
             if old < new or torch_signatures:
-                with history.template_of(old) as old_dir:
+                with upd.base_template(project, old, result) as old_dir:
                     if old < new:
                         upd.plan_template(project, plan, result, old=old, old_dir=old_dir)
                     upd.plan_kernels(project, db, plan, result, old=old, old_dir=old_dir, old_torch=old_torch, skip=skip)
             if old < new:
                 project.data["template_version"] = str(new)
                 project.data["backendgen_version"] = __version__
+                project.data["template_state"] = history.current_state()
                 upd.refresh_template_records(project, db)
             if torch_signatures and not result.unfixable:
                 project.data["torch"] = {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256}

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from backendgen.errors import OutputExistsError
-from backendgen import manifest
+from backendgen import manifest, template_tree
 from backendgen.manifest import template_dir
 from backendgen.project import METADATA_FILE
 
@@ -70,7 +70,9 @@ def render_into(staging: Path, context: dict[str, str], *, template: Path | None
         link = Path(tmp) / "out"
         link.symlink_to(staging, target_is_directory=True)
         out = generate_files(repo_dir=str(tpl), context=ctx, output_dir=str(link), overwrite_if_exists=False)
-    return staging / Path(out).relative_to(link)
+    project = staging / Path(out).relative_to(link)
+    template_tree.prune(project)  # bytecode pip compiled into an installed template is not the template's
+    return project
 
 
 def bytecode_cache():

@@ -8,11 +8,15 @@ run prints exactly the diff a real run writes.
 Three renders take part, all with the project's own answers (device, package, number of devices,
 torch), so every name lines up:
 
-- base: the template the project was generated from (backendgen.history keeps every earlier one);
+- base: the exact template state the project was generated from (backendgen.history keeps every
+  state of every earlier version): the one backendgen.json records as `template_state`, or, for a
+  project made before that was recorded, the state of its version whose rendering matches the
+  most of the project's own files, so a file the team never edited is its base and never conflicts;
 - ours: the project as it is, with the team's edits;
 - theirs: the current template.
 
-Files of the template are merged 3-way (backendgen.merge), so a hand edit is never lost; a
+Files of the template are merged 3-way (backendgen.merge), so a hand edit is never lost (a file
+that is not UTF-8 text is compared and replaced as bytes, never merged); a
 conflict is left with markers and listed, and the command exits 1 until it is resolved (the
 conflicting files are recorded in backendgen.json, `update.conflicts`, and a later `update`
 refuses to go on while they still hold markers). Tool-owned files, written from backendgen.json,
@@ -23,14 +27,16 @@ hash matches) and merged otherwise, with the older kernel shape as the base.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, kernelgen, manifest, naming
+from backendgen import __version__, addop, history, kernelgen, manifest, naming, template_tree
 from backendgen.drift import Drift, argument_names, classify
 from backendgen.errors import ProjectError
 from backendgen.files import sha256_text
@@ -122,26 +128,24 @@ class UpdateResult:
 
 
 class Plan:
-    """Whole-file texts to write (None: delete), over the project as it is on disk."""
+    """Whole files to write (None: delete), over the project as it is on disk: text, or bytes for a
+    file that is not UTF-8 (template_tree.text_or_bytes)."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.writes: dict[str, str | None] = {}
+        self.writes: dict[str, str | bytes | None] = {}
         self.modes: dict[str, int] = {}  # for files that do not exist yet
 
-    def original(self, rel: str) -> str | None:
+    def original(self, rel: str) -> str | bytes | None:
         path = self.root / rel
         if not path.is_file():
             return None
-        try:
-            return path.read_text()
-        except UnicodeDecodeError:
-            raise ProjectError(f"{rel} is not UTF-8 text; backendgen update merges text files only") from None
+        return template_tree.text_or_bytes(path.read_bytes())
 
-    def read(self, rel: str) -> str | None:
+    def read(self, rel: str) -> str | bytes | None:
         return self.writes[rel] if rel in self.writes else self.original(rel)
 
-    def write(self, rel: str, text: str | None, mode: int | None = None) -> None:
+    def write(self, rel: str, text: str | bytes | None, mode: int | None = None) -> None:
         if text == self.original(rel):
             self.writes.pop(rel, None)
         else:
@@ -153,6 +157,10 @@ class Plan:
         out = []
         for rel in sorted(self.writes):
             old, new = self.original(rel), self.writes[rel]
+            if isinstance(old, bytes) or isinstance(new, bytes):
+                out.append(f"Binary files {'a/' + rel if old is not None else '/dev/null'} and "
+                           f"{'b/' + rel if new is not None else '/dev/null'} differ\n")
+                continue
             out += difflib.unified_diff(
                 (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True),
                 fromfile=f"a/{rel}" if old is not None else "/dev/null",
@@ -232,21 +240,151 @@ def answers(project: Project, version: int, backendgen_version: str) -> dict[str
     }
 
 
-def _render_files(template: Path, context: dict[str, str], into: Path) -> dict[str, tuple[str, int]]:
+def _render_files(template: Path, context: dict[str, str], into: Path) -> dict[str, tuple[str | bytes, int]]:
+    """The project `template` renders with `context`: {path: (text, or bytes if not UTF-8; mode)}."""
     from backendgen.render import render_into
 
-    into.mkdir(parents=True)
+    into.mkdir(parents=True, exist_ok=True)
     root = render_into(into, context, template=template)
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            files[path.relative_to(root).as_posix()] = (path.read_text(), path.stat().st_mode & 0o777)
-    return files
+    return {rel: (template_tree.text_or_bytes(data), (root / rel).stat().st_mode & 0o777)
+            for rel, data in template_tree.files(root).items()}
+
+
+# --- the merge base: which state of the older template made the project ----------------------------------
+
+@dataclass
+class Base:
+    state: history.State | None  # None: the installed template
+    how: str  # why this one (shown as a note)
+
+
+_scores: dict[tuple[str, tuple], dict[str, str]] = {}  # (state, answers) -> {path: sha256} of its rendering
+
+
+def render_state(state: history.State, context: dict[str, str], into: Path) -> Path:
+    """Render a stored state with `context` under `into`, whole, as `new` did; return the project directory."""
+    from backendgen.render import render_into
+
+    into.mkdir(parents=True, exist_ok=True)
+    with history.materialized(state) as tpl:
+        return render_into(into, context, template=tpl)
+
+
+_PATH_VARIABLE = re.compile(r"\{\{cookiecutter\.(\w+)\}\}")
+_READS_ANOTHER_FILE = re.compile(rb"\{%-?\s*(include|import|extends|from)\b")
+_file_renders: dict[tuple, bytes] = {}  # one template file's rendering, by what it depends on
+
+
+def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, bytes]:
+    """What a stored state renders with `context` ({path in the project: bytes}, the files render_state
+    writes), rendering each template file once per content: a file's rendering depends only on its
+    path and text, cookiecutter.json, the context and, for a file that reads the manifest, template.json
+    (no template has included one file in another so far; one that does is rendered whole). The
+    states of one version share most files, so comparing a project with all of them costs little
+    more than one render."""
+    blobs = dict(state.files)
+    if any(_READS_ANOTHER_FILE.search(history.blob(digest)) for rel, digest in state.files if rel.startswith("{{")):
+        with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+            return template_tree.files(render_state(state, context, Path(tmp)))
+    common = (blobs.get("cookiecutter.json"), tuple(sorted(context.items())))
+    keys = {}
+    for rel, digest in state.files:
+        if rel.startswith("{{"):  # the project directory; ops/ and the json files are not rendered
+            reads_manifest = b"_manifest" in history.blob(digest)
+            keys[rel] = (rel, digest, blobs.get(manifest.MANIFEST_FILE) if reads_manifest else None, *common)
+
+    def out_path(rel: str) -> str:
+        return _PATH_VARIABLE.sub(lambda m: context[m.group(1)], rel).split("/", 1)[1]
+
+    todo = sorted(rel for rel, key in keys.items() if key not in _file_renders)
+    if todo:
+        partial = dataclasses.replace(state, files=tuple(
+            (rel, digest) for rel, digest in state.files if rel in todo or "/" not in rel))
+        with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+            with history.materialized(partial) as tpl:
+                from backendgen.render import render_into
+
+                root = render_into(Path(tmp), context, template=tpl)
+            out = template_tree.files(root)
+        wanted = {out_path(rel): rel for rel in todo}
+        if set(out) != set(wanted):  # cannot happen with the template's paths; render it whole then
+            with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
+                return template_tree.files(render_state(state, context, Path(tmp)))
+        for path, rel in wanted.items():
+            _file_renders[keys[rel]] = out[path]
+    return {out_path(rel): _file_renders[key] for rel, key in keys.items()}
+
+
+def _rendered_hashes(state: history.State, context: dict[str, str]) -> dict[str, str]:
+    key = (state.hash, tuple(sorted(context.items())))
+    if key not in _scores:
+        _scores[key] = {rel: template_tree.blob_hash(data) for rel, data in rendered_files(state, context).items()}
+    return _scores[key]
+
+
+def choose_base(project: Project, version: int) -> Base:
+    """The template state the project was generated from: the recorded `template_state` when this
+    backendgen has it, else the state of `version` whose rendering (with the project's answers)
+    matches the most of the project's files byte for byte (on a tie, the later state)."""
+    recorded = project.data.get("template_state")
+    note = ""
+    if isinstance(recorded, str) and recorded:
+        if version == current_version() and recorded == history.current_state():
+            return Base(None, "recorded")
+        state = history.find(recorded)
+        if state is not None and state.version == version:
+            return Base(state, f"recorded: {state.describe()}")
+        note = f"the recorded template_state {recorded[:12]} is not one this backendgen knows of template {version}; "
+    if version == current_version():
+        return Base(None, note + "the installed template")
+    candidates = history.states(version)
+    if not candidates:
+        raise ProjectError(f"this backendgen has no copy of template {version} (backendgen/template_history); "
+                           "reinstall backendgen")
+    if len(candidates) == 1:
+        return Base(candidates[0], note + candidates[0].describe())
+    context = answers(project, version, project.data.get("backendgen_version", __version__))
+    own: dict[str, str | None] = {}
+
+    def score(state: history.State) -> tuple[int, int]:
+        """(files the rendering and the project have byte for byte the same, minus the others the rendering has)"""
+        same = other = 0
+        for rel, digest in _rendered_hashes(state, context).items():
+            if rel in TOOL_OWNED:
+                continue
+            if rel not in own:
+                path = project.root / rel
+                own[rel] = template_tree.blob_hash(path.read_bytes()) if path.is_file() else None
+            if own[rel] == digest:
+                same += 1
+            else:
+                other += 1
+        return same, -other
+
+    scored = [(*score(s), s.order, s) for s in candidates]
+    best, _, _, state = max(scored, key=lambda t: t[:3])
+    total = len([rel for rel in _rendered_hashes(state, context) if rel not in TOOL_OWNED])
+    return Base(state, note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
+                f"of the project's files ({best} of {total}; {len(candidates)} states compared)")
+
+
+@contextlib.contextmanager
+def base_template(project: Project, version: int, result: UpdateResult):
+    """The directory of the template the project was generated from (see choose_base); notes which."""
+    base = choose_base(project, version)
+    if version < result.to_version:
+        result.notes.append(f"merge base: {base.how}")
+    if base.state is None:
+        with template_of(current_version()) as root:
+            yield root
+    else:
+        with history.materialized(base.state) as root:
+            yield root
 
 
 def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: int, old_dir: Path) -> None:
-    """Merge every file of the template, base (template `old`, rendered from `old_dir`) -> theirs
-    (the current template), into the project."""
+    """Merge every file of the template, base (template `old`, rendered from `old_dir`: the state
+    choose_base picked) -> theirs (the current template), into the project."""
     new = result.to_version
     labels = ("yours", f"template {old}", f"template {new}")
     with tempfile.TemporaryDirectory(prefix="backendgen-update-") as tmp:
@@ -262,9 +400,11 @@ def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: in
         merge_file(plan, result, rel, b, t, labels, mode=mode)
 
 
-def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | None, theirs: str | None,
+def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | bytes | None, theirs: str | bytes | None,
                labels: tuple[str, str, str], *, mode: int | None = None, regenerated: bool = False) -> None:
-    """Plan one file: base -> theirs merged into the project's text (None: no such file)."""
+    """Plan one file: base -> theirs merged into the project's text (None: no such file). A file
+    that is bytes on any side is never merged: the template's replaces the project's only if the
+    project's is the base's."""
     ours = plan.read(rel)
     if base == theirs and not regenerated:
         return  # the template did not change it: the project's file, edited or not, stays as it is
@@ -289,6 +429,10 @@ def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | None, the
     if ours == base:
         plan.write(rel, theirs)
         result.changes.append(FileChange(rel, Action.REGENERATED if regenerated else Action.UPDATED))
+        return
+    if any(isinstance(x, bytes) for x in (base, ours, theirs)):
+        result.changes.append(FileChange(rel, Action.KEPT, "not text, changed by you and by the template: yours is "
+                                         "kept; take the template's change by hand"))
         return
     merged = merge3(base or "", ours, theirs, labels=labels)
     plan.write(rel, merged.text)
@@ -342,6 +486,9 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         ours = plan.read(source)
         if ours is None:
             result.notes.append(f"{source} is recorded but missing; left missing (backendgen remove-op {requested})")
+            continue
+        if isinstance(ours, bytes):
+            result.notes.append(f"{source} is not UTF-8 text; left as it is")
             continue
         theirs = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
         recorded = recs[0].source_sha256
@@ -469,6 +616,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
                                   f"change it to {op.signature}"))
             continue
         text = plan.read(rec.source)
+        text = None if isinstance(text, bytes) else text  # not text: listed as unfixable below
         recs = files.get(rec.source, [rec])
         if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
             # unedited: plan_kernels rewrites the whole file for the new torch
