@@ -362,6 +362,7 @@ def build_wheel(project_dir: Path | None = None, *, out: Path | None = None, tor
             f"this project's template ({project.template_version}) does not pin torch in its wheel's metadata; "
             "run `backendgen update` first (docs/upgrading.md)"
         )
+    build.check_wheel_tools()  # before the step: a missing tool is one line
     with project.lock():
         with rep.step("wheel"):
             return build.build_wheel(project.root, project.device, Path(out) if out else project.root / "dist",

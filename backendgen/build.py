@@ -551,6 +551,13 @@ def _tool(name: str) -> str:
     return str(found)
 
 
+def check_wheel_tools() -> str:
+    """auditwheel (and the patchelf it runs), or one line naming what to install; its path."""
+    auditwheel = _tool("auditwheel")
+    _tool("patchelf")
+    return auditwheel
+
+
 def torch_label_env(device: str) -> str:
     """The variable the template's setup.py (template 10 on) reads: `1` appends `+torchX.Y.Z` to the version."""
     return f"{device.upper()}_TORCH_LABEL"
@@ -572,9 +579,8 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
     """`pip wheel` (against the installed torch; ninja reuses the objects of the last build), then
     `auditwheel repair` to a manylinux tag without torch's libraries; the wheel lands in `out`,
     replacing one of the same name. Its metadata pins the torch it was built with (setup.py)."""
+    auditwheel = check_wheel_tools()
     check_toolchain()
-    auditwheel = _tool("auditwheel")
-    _tool("patchelf")
     log = root / LOG_DIR / "backendgen-wheel.log"
     env = _env()
     env.pop(torch_label_env(device), None)

