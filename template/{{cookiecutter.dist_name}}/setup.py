@@ -20,8 +20,21 @@ tens of seconds on two cores. Set {{ cookiecutter.DEVICE }}_UNITY_BUILD=0 to com
 Why torch is imported late: pip runs this file twice (once for the package metadata, once to
 build), and `import torch` costs seconds. Only the build_ext command needs torch, so it is
 imported when that command is looked up (TorchDistribution below).
+
+Why the package requires exactly the torch it was built with: PyTorch keeps no C++ ABI between
+releases, so _C loads only beside the torch it was compiled against. The metadata therefore says
+`torch==X.Y.Z`, read from the torch installed when this file runs (its version without the local
+label: `2.13.0+cpu` is pinned as `torch==2.13.0`, which pip matches against 2.13.0+cpu as installed
+and can resolve from an index, where no `+cpu` exists). A source or editable build in an
+environment with torch installed is therefore always satisfied, and a wheel makes pip install its
+torch or refuse. The build also writes `_build_info.py` (the torch it was compiled against) beside
+_C; `_torch_match.py` compares it with the torch it is imported beside before loading _C.
+{{ cookiecutter.DEVICE }}_TORCH_LABEL=1 appends `+torchX.Y.Z` to the version (a local label: for a
+find-links directory, a release page or a private index where wheels for several torches sit side
+by side; PyPI refuses local labels, so a PyPI release leaves it off).
 """
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -31,6 +44,8 @@ from setuptools import Command, Distribution, Extension, setup
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # never load a stale copy of ourselves
 
+VERSION = "0.1.0"  # the backend's own release
+TORCH_MINIMUM = "{{ cookiecutter._manifest.torch.minimum }}"  # without torch installed (an isolated build): no pin
 ROOT = Path(__file__).parent.resolve()
 CSRC = ROOT / "csrc"
 # A group lists folders (their *.cpp files) or single files; a file a group names is not also
@@ -56,6 +71,33 @@ def _write_if_changed(path: Path, text: str) -> None:
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+
+
+def _torch_release() -> str | None:
+    """The installed torch's version without its local label (`2.13.0+cpu` -> `2.13.0`), read from
+    its metadata (importing torch costs seconds), or None without torch."""
+    try:
+        return importlib.metadata.version("torch").split("+", 1)[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_requirement() -> str:
+    release = _torch_release()
+    return f"torch=={release}" if release else f"torch>={TORCH_MINIMUM}"
+
+
+def version() -> str:
+    release = _torch_release()
+    if os.environ.get("{{ cookiecutter.DEVICE }}_TORCH_LABEL") == "1" and release:
+        return f"{VERSION}+torch{release}"
+    return VERSION
+
+
+BUILD_INFO = '''"""Written by setup.py when it compiled _C: the torch it was compiled against."""
+
+TORCH_VERSION = {!r}
+'''
 
 
 def _group_files() -> dict[str, list[Path]]:
@@ -107,6 +149,14 @@ def torch_build_ext():
             # build, whether pip, setup.py or backendgen, then recompiles only what changed
             self.build_temp = str(ROOT / "build" / f"temp.{self.plat_name}-{sys.implementation.cache_tag}")
 
+        def run(self):
+            super().run()
+            # beside _C (the package in place, or the wheel's build/lib): the torch it was built for
+            import torch
+
+            info = Path(self.get_ext_fullpath(EXTENSION["name"])).parent / "_build_info.py"
+            _write_if_changed(info, BUILD_INFO.format(torch.__version__))
+
     return BuildExt
 
 
@@ -143,6 +193,8 @@ class TorchDistribution(Distribution):
 
 
 setup(
+    version=version(),
+    install_requires=[torch_requirement()],
     # a placeholder until build_ext replaces it with the CppExtension (it only tells setuptools
     # that this package has a compiled extension)
     ext_modules=[Extension(EXTENSION["name"], sources=[])],

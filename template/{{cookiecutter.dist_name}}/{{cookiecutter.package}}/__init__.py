@@ -33,6 +33,10 @@ def _check_private_use1_is_free() -> None:
 
 _check_private_use1_is_free()
 
+from {{ cookiecutter.package }} import _torch_match  # noqa: E402
+
+_torch_match.check()  # built for this torch? (else the error says what to do, before _C fails to load)
+
 from {{ cookiecutter.package }} import _C  # noqa: E402, F401  (loads and registers the C++ runtime)
 from {{ cookiecutter.package }} import _exit  # noqa: E402
 from {{ cookiecutter.package }} import compiler as _compiler  # noqa: E402
