@@ -81,6 +81,10 @@ def test_the_wheel_is_manylinux_pins_its_torch_and_bundles_none_of_torch(wheel, 
     assert requires == [f"Requires-Dist: torch=={RELEASE}"]
     assert f"TORCH_VERSION = {TORCH!r}" in build_info
     assert any(re.fullmatch(rf"{package}/_C\..*\.so", n) for n in names)
+    # every Python file of the package is shipped: its subpackages (compiler, ops: the backend's own operators) too
+    sources = {p.relative_to(built_project).as_posix() for p in (built_project / package).rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert sources and sources <= set(names), sorted(sources - set(names))
     assert not [n for n in names if re.search(r"/lib(torch|c10|shm)[^/]*\.so", n)]
 
 
