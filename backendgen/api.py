@@ -606,12 +606,14 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             plan = upd.Plan(project.root)
             old_torch = project.torch_version
             skip = upd.plan_torch(project, db, plan, result) if torch_signatures else set()
-            if old < new or torch_signatures:
+            # a project from an earlier state of the current template merges like one from an earlier version
+            moves = old < new or upd.earlier_state_of_current(project) is not None
+            if moves or torch_signatures:
                 with upd.base_template(project, old, result) as old_dir:
-                    if old < new:
+                    if moves:
                         upd.plan_template(project, plan, result, old=old, old_dir=old_dir)
                     upd.plan_kernels(project, db, plan, result, old=old, old_dir=old_dir, old_torch=old_torch, skip=skip)
-            if old < new:
+            if moves:
                 project.data["template_version"] = str(new)
                 project.data["backendgen_version"] = __version__
                 project.data["template_state"] = history.current_state()

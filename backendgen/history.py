@@ -14,10 +14,11 @@ hash, version, commit, git tree and {path: blob}) and `blobs/<sha256>`, each dis
 once (xz compresses the versions of one file, stored side by side, against each other). The current
 version renders from the installed template itself (backendgen.manifest.template_dir).
 
-Whoever bumps the template to N+1 first stores every state of N (tests/test_update.py fails until
-they do); the command re-derives the whole store from git history, deterministically:
+Whoever commits a change to the template stores the states before it (tests/test_update.py fails
+until they do: run it before a landing); the command re-derives the whole store from git history,
+deterministically, leaving out only HEAD's state, which is the installed template:
 
-    python -m backendgen.history --snapshot    # every state of every version below the current one
+    python -m backendgen.history --snapshot    # every state of every version but HEAD's
     python -m backendgen.history --check       # which versions are missing
 """
 
@@ -169,11 +170,15 @@ def _git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
         raise UserError(f"git {' '.join(args[:2])} failed: {detail}") from None
 
 
-def git_states(repo: Path, below: int) -> list[dict]:
+def git_states(repo: Path, current: int) -> list[dict]:
     """Every distinct state of `template/` in the history of HEAD whose template.json says a version
-    below `below`, in the order they were last current: {"commit", "tree", "version", "files": {path: git blob id}, "x": paths}."""
+    up to `current`, except HEAD's own (the installed template), in the order they were last
+    current: {"commit", "tree", "version", "files": {path: git blob id}, "x": paths}. Earlier states
+    of the current version are there so that a project from one of them updates like one from an
+    earlier version (a template can change without its version changing)."""
     commits = _git(repo, "rev-list", "--reverse", "--topo-order", "HEAD", "--", "template").decode().split()
     trees = _git(repo, "rev-parse", *(f"{c}:template" for c in commits)).decode().split()
+    head = _git(repo, "rev-parse", "HEAD:template").decode().strip()
     first: dict[str, str] = {}
     last: dict[str, int] = {}
     for i, (commit, tree) in enumerate(zip(commits, trees)):
@@ -182,6 +187,8 @@ def git_states(repo: Path, below: int) -> list[dict]:
     found = []
     # ordered by when each state was last current (a tree a later commit went back to counts then)
     for tree in sorted(last, key=last.get):
+        if tree == head:
+            continue
         commit = first[tree]
         listing = _git(repo, "ls-tree", "-r", "-z", tree).decode()
         files, executable = {}, []
@@ -196,13 +203,13 @@ def git_states(repo: Path, below: int) -> list[dict]:
             continue  # the first commits: no template a backendgen could render yet
         recorded = json.loads(_git(repo, "cat-file", "blob", files[manifest.MANIFEST_FILE]))
         version = int(recorded.get("template_version", 1))
-        if version < below:
+        if version <= current:
             found.append({"commit": commit, "tree": tree, "version": version, "files": files, "x": executable})
     return found
 
 
 def snapshot(*, repo: Path | None = None) -> Path:
-    """Store every state of every template version below the current one, from `repo`'s history.
+    """Store every state of every template version, from `repo`'s history, but the one HEAD has.
     Deterministic: re-running it on the same history changes no byte."""
     repo = Path(repo or Path(__file__).resolve().parent.parent)
     found = git_states(repo, current_version())
@@ -252,7 +259,7 @@ def snapshot(*, repo: Path | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backendgen.history", description=__doc__.split("\n\n")[0])
     parser.add_argument("--snapshot", action="store_true",
-                        help="store every state of every template version below the current one, from git history")
+                        help="store every state of every template version but HEAD's, from git history")
     parser.add_argument("--check", action="store_true", help="exit 1 if a version below the current one has no state")
     args = parser.parse_args(argv)
     if args.snapshot:

@@ -368,11 +368,21 @@ def choose_base(project: Project, version: int) -> Base:
                 f"of the project's files ({best} of {total}; {len(candidates)} states compared)")
 
 
+def earlier_state_of_current(project: Project) -> history.State | None:
+    """The stored earlier state of the current template that the project records as its
+    template_state, if it does: the template changed since, under the same version number."""
+    recorded = project.data.get("template_state")
+    if not isinstance(recorded, str) or recorded == history.current_state():
+        return None
+    state = history.find(recorded)
+    return state if state is not None and state.version == current_version() else None
+
+
 @contextlib.contextmanager
 def base_template(project: Project, version: int, result: UpdateResult):
     """The directory of the template the project was generated from (see choose_base); notes which."""
     base = choose_base(project, version)
-    if version < result.to_version:
+    if version < result.to_version or base.state is not None:
         result.notes.append(f"merge base: {base.how}")
     if base.state is None:
         with template_of(current_version()) as root:

@@ -222,6 +222,8 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
             if k != "template_state"}
     answers_of = Project.load(rendered_project)
     for state in history.states():
+        if state.version == CURRENT:
+            continue  # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
         context = update.answers(answers_of, state.version, meta["backendgen_version"])
         files = update.rendered_files(state, context)  # file by file, as choose_base compares them
         if state in (history.states()[0], history.states(5)[0], history.states()[-1]):  # the same as cookiecutter's whole rendering
@@ -299,6 +301,40 @@ def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
     assert result.conflicts == [] and result.exit_code == 0
     assert any(n.startswith(f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows of template 3; "
                             f"template 3 as of {ISSUE_30}") for n in result.notes), result.notes
+
+
+def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_path):
+    """The template changes between releases without its version changing: a project that records an
+    earlier state of the current version is merged from that state, like one of an earlier version."""
+    earlier = history.states(CURRENT)
+    assert earlier, "python -m backendgen.history --snapshot: the current version's earlier states are stored too"
+    state = earlier[0]
+    root = _copy(rendered_project, tmp_path / "p")
+    project = Project.load(root)
+    context = update.answers(project, CURRENT, project.data["backendgen_version"])
+    old_files = update.rendered_files(state, context)
+    current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
+    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.TOOL_OWNED)
+    assert changed, f"{state.describe()} renders like the installed template"
+    for rel, data in old_files.items():  # the project as that state generated it
+        if rel not in update.TOOL_OWNED:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
+    readme = root / "README.md"
+    readme.write_text(readme.read_text() + "\nOur team's note.\n")  # a hand edit
+    meta = json.loads((root / "backendgen.json").read_text())
+    (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": state.hash}, indent=2) + "\n")
+
+    result = api.update_project(root, build_it=False)
+    assert result.exit_code == 0 and result.conflicts == [], result.changes
+    assert f"merge base: recorded: {state.describe()}" in result.notes
+    for rel in changed:
+        if rel != "README.md":
+            assert (root / rel).read_bytes() == current[rel], rel  # now the installed template's
+    assert readme.read_text().endswith("\nOur team's note.\n")
+    assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
+    again = api.update_project(root, build_it=False)
+    assert again.changes == [] and again.conflicts == []
 
 
 def test_update_of_a_current_project_does_nothing(rendered_project, tmp_path):
