@@ -19,7 +19,7 @@ from pathlib import Path
 from backendgen import __version__, addop, amp, build, kernelgen, manifest, naming, registration, render
 from backendgen.addop import AddOpsResult, RemoveOpsResult
 from backendgen.drift import Drift, classify
-from backendgen.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
 from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
@@ -288,7 +288,7 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
     else:
         try:
             project = Project.find()
-        except ProjectError:
+        except NotAProjectError:  # a broken backendgen.json is an error, not "outside a project"
             project = None
     db = load_opdb()
     pat = (pattern or "*").removeprefix("aten::")
