@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, amp, build, kernelgen, manifest, naming, registration, render
+from backendgen import __version__, addop, amp, build, consistency, kernelgen, manifest, naming, registration, render
 from backendgen.addop import AddOpsResult, RemoveOpsResult
 from backendgen.drift import Drift, classify
 from backendgen.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
@@ -237,6 +237,7 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
     amp.check_supported(project.template_version)
     policy = amp.check_policy(policy)
     with project.lock():
+        consistency.require_files(project, consistency.inspect(project))
         db = load_opdb()
         addop.check_torch(project, db)
         op = db.resolve(name)
@@ -341,6 +342,7 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
     if test_it:
         build.check_test_tools()
     with project.lock():
+        consistency.require_files(project, consistency.inspect(project))  # name a missing file, not a compiler error
         with rep.step("build"):
             outcome = build.build(project.root, project.package, project.data["dist_name"], allow_fast=not full)
         result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)
@@ -565,6 +567,7 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
 
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    consistency.require_files(project, consistency.inspect(project))  # a kernel deleted by hand: say so first
     old, new = upd.recorded_version(project), history.current_version()
     result = upd.UpdateResult(project.root, old, new, dry_run=dry_run)
     if not dry_run and not allow_dirty:

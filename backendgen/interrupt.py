@@ -84,9 +84,10 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     return proc
 
 
-def run(cmd: list[str], *, timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
+def run(cmd: list[str], *, timeout: float | None = None, phase: str | None = None, **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run` whose child (and its children) are stopped if this process is interrupted
-    or the call fails; `input`, `capture_output` and `text` work as there."""
+    or the call fails; `input`, `capture_output` and `text` work as there. `phase`: the fault
+    hook's phase (backendgen.faults) reached once the child started."""
     input_ = kwargs.pop("input", None)
     if kwargs.pop("capture_output", False):
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
@@ -95,6 +96,10 @@ def run(cmd: list[str], *, timeout: float | None = None, **kwargs) -> subprocess
         kwargs["stdin"] = subprocess.PIPE
     proc = popen(cmd, **kwargs)
     try:
+        if phase is not None:
+            from backendgen import faults
+
+            faults.reached(phase)
         out, err = proc.communicate(input_, timeout=timeout)
     except BaseException:
         stop(proc)

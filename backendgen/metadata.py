@@ -286,3 +286,14 @@ def validate(data: object, path: str = "backendgen.json") -> None:
         raise ProjectError(f"{path}: DEVICE is malformed: {data['DEVICE']!r} is not the device name "
                            f"{data['device']!r} in upper case; {RESTORE}")
 
+
+
+def built_entries(data: dict) -> list[str]:
+    """What of a (valid) backendgen.json the built library must contain: every recorded kernel, own
+    operator, autograd override and autocast policy (build.py records them after each successful
+    build; backendgen.consistency compares)."""
+    entries = [d["op"] for d in data.get("ops", [])]
+    entries += [d["op"] for d in data.get("custom_ops", [])]
+    entries += [f"autograd {d['op']}" for d in data.get("autograd_overrides", [])]
+    entries += [f"amp {op}={policy}" for op, policy in (data.get("amp") or {}).items()]
+    return sorted(set(entries))
