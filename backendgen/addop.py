@@ -245,6 +245,7 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
                 if (project.root / rel).exists():
                     raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away before "
                                        f"defining {c.qualified}")
+            customop.check_python(c, project.package)
             extras.custom.append(c)
             extras.notes += c.notes
         elif autograd:

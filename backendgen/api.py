@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, amp, build, consistency, kernelgen, manifest, naming, registration, render
+from backendgen import __version__, addop, amp, build, consistency, faults, kernelgen, manifest, naming, registration, render
 from backendgen.addop import AddOpsResult, RemoveOpsResult
 from backendgen.drift import Drift, classify
 from backendgen.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
@@ -98,14 +98,29 @@ def new_backend(
     result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes,
                        torch_note=torch_note)
     if build_it:
-        with rep.step("build"):
-            build.build(dest, names.package, names.dist_name, incremental=False)
-        result.built = True
+        try:
+            faults.reached("new:rendered")
+            with rep.step("build"):
+                build.build(dest, names.package, names.dist_name, incremental=False)
+            result.built = True
+        except KeyboardInterrupt:
+            _unmake(dest, backup)  # interrupted: as if `new` had not run, so that running it again works
+            raise
         if test_it:
             with rep.step("test"):
                 build.run_tests(dest)
             result.tested = True
     return result
+
+
+def _unmake(dest: Path, backup: Path | None) -> None:
+    """Remove the project `new` just moved into place (and put back the one --force moved aside).
+    An editable install pip made of it is left; the next `new` replaces it (its directory is gone)."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    if backup is not None and not dest.exists():
+        backup.rename(dest)
 
 
 def _initial_metadata(names: naming.Names, devices: int, db: OpDB, tpl: manifest.Manifest) -> dict:
