@@ -251,7 +251,7 @@ class Transaction:
     def rollback(self) -> None:
         for path, content in reversed(list(self._saved.items())):
             if content is None:
-                with contextlib.suppress(FileNotFoundError):
+                if path.exists() or path.is_symlink():  # (a read-only file system refuses even a missing one)
                     path.unlink()
             else:
                 path.write_bytes(content)
