@@ -8,8 +8,9 @@ nor a path outside the project, and every stored path must stay inside the proje
 
 The schema is a small declarative model (`Field`s with a check each), not a dependency: a field is
 `Str`, `Int`, `Bool`, `Obj` (named fields), `List` or `Map` (of one kind), optionally `nullable`.
-Unknown top-level keys are kept and ignored (a newer backendgen may add some); inside an operator
-record, an unknown key is an error (records are rebuilt from exactly these fields).
+Unknown top-level keys are kept and ignored (a newer backendgen may add some), and so are unknown
+keys of an own operator's or an override's record (read by key); in a kernel record an unknown key
+is an error (`project.OpRecord` is built from exactly these fields).
 """
 
 from __future__ import annotations
@@ -235,11 +236,13 @@ CUSTOM_OP = Obj(
     F("op", OP), F("schema", TEXT), F("body", Str(extra=_body), required=False), F("autograd", Bool(), required=False),
     F("signature", TEXT, required=False), F("source", PATH), F("autograd_source", PATH, required=False),
     F("python", PATH, required=False), F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    open_=True,  # read by key: a field an older backendgen wrote is kept
 )
 
 OVERRIDE = Obj(
     F("op", OP), F("schema", TEXT), F("signature", TEXT, required=False), F("source", PATH),
     F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    open_=True,
 )
 
 TOP_FIELDS = (
