@@ -22,7 +22,7 @@ from pathlib import Path
 
 from backendgen import build, consistency, customop, faults, kernelgen, manifest, overrides, registration, support
 from backendgen.errors import ProjectError, UserError
-from backendgen.files import sha256_of, writes  # noqa: F401 (writes: api's too)
+from backendgen.files import sha256_of, writes
 from backendgen.opdb import Op, OpDB, load_opdb
 from backendgen.progress import Reporter
 from backendgen.project import PATHS, REGISTRATION_FILE, OpRecord, Project, Transaction
@@ -50,11 +50,12 @@ def check_torch(project: Project, db: OpDB) -> None:
 
 def edit_transaction(project: Project) -> Transaction:
     """A transaction for a command that edits and rebuilds the project: a rollback also restores the
-    built extension (a failed build may have replaced it)."""
+    built extension (a failed build may have replaced it) and the record of what it was built from."""
     tx = Transaction(project.root)
     so = build.extension_path(project.root, project.package)
     if so is not None:
         tx.touch_file(so)
+        tx.touch_file(project.root / build.BUILT)  # what that library was built from goes back with it
     return tx
 
 
