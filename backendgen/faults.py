@@ -8,9 +8,9 @@ group) is appended to FILE as `PHASE PID`, so a test can wait for a phase and ch
 no child outlived the command. Unset (always, outside tests), `reached` does nothing.
 
 Phases: `add-op:written` (add-op's files and record written, before its build), `new:rendered`
-(the project moved into place, before its build), `build:child` (a program of the build started:
-pip, setup.py, ninja, the link), `build:install` (before the built library is copied into the
-package), `build:done` (the build succeeded, before its state is recorded).
+(the project moved into place, before its build), `build:child` (a program of the build or its
+tests started: pip, setup.py, ninja, the link, pytest), `build:install` (before the built library
+is copied into the package), `build:done` (the build succeeded, before its state is recorded).
 """
 
 from __future__ import annotations
