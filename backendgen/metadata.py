@@ -209,7 +209,8 @@ def _body(text: str) -> None:
 
 def _template_version(v) -> None:
     if isinstance(v, bool) or not isinstance(v, (str, int)) or not str(v).isdigit():
-        raise Invalid(f"expected a template version number, got {_shown(v)}")
+        raise Invalid(f"records an unknown template version {_shown(v)} (a number: template/template.json's "
+                      "template_version when the project was generated)")
 
 
 PATH = Str(extra=_relative_path)
