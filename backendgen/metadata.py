@@ -18,7 +18,7 @@ from __future__ import annotations
 import keyword
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from backendgen.errors import InvalidNameError, ProjectError
 

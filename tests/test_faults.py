@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from backendgen import api
-from backendgen.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.errors import EnvironmentProblem, UserError
 from conftest import read_only, run_cli
 
 
