@@ -20,9 +20,9 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import build, customop, kernelgen, manifest, overrides, registration, support
+from backendgen import build, consistency, customop, faults, kernelgen, manifest, overrides, registration, support
 from backendgen.errors import ProjectError, UserError
-from backendgen.files import sha256_of
+from backendgen.files import sha256_of, writes
 from backendgen.opdb import Op, OpDB, load_opdb
 from backendgen.progress import Reporter
 from backendgen.project import PATHS, REGISTRATION_FILE, OpRecord, Project, Transaction
@@ -48,25 +48,14 @@ def check_torch(project: Project, db: OpDB) -> None:
         )
 
 
-@contextlib.contextmanager
-def writes(where: Path, outcome: str):
-    """Turn a failing write (disk full, read-only file system, permissions) into a one-line error."""
-    try:
-        yield
-    except OSError as e:
-        if isinstance(e, (FileNotFoundError, IsADirectoryError)) or e.errno is None:
-            raise
-        detail = f" ({e.filename})" if e.filename else ""
-        raise UserError(f"cannot write to {where}: {e.strerror}{detail}; {outcome}") from None
-
-
 def edit_transaction(project: Project) -> Transaction:
     """A transaction for a command that edits and rebuilds the project: a rollback also restores the
-    built extension (a failed build may have replaced it)."""
+    built extension (a failed build may have replaced it) and the record of what it was built from."""
     tx = Transaction(project.root)
     so = build.extension_path(project.root, project.package)
     if so is not None:
         tx.touch_file(so)
+        tx.touch_file(project.root / build.BUILT)  # what that library was built from goes back with it
     return tx
 
 
@@ -257,6 +246,7 @@ def plan_extras(names: list[str], project: Project, db: OpDB, *, schema: str | N
                 if (project.root / rel).exists():
                     raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away before "
                                        f"defining {c.qualified}")
+            customop.check_python(c, project.package)
             extras.custom.append(c)
             extras.notes += c.notes
         elif autograd:
@@ -348,6 +338,8 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
     """api.add_ops on a loaded project."""
     result = AddOpsResult(project.root)
     with project.lock():
+        state = consistency.inspect(project)  # record vs files vs built library, before anything
+        consistency.require_files(project, state)
         with rep.step("resolve"):
             db = load_opdb()
             result.torch_note = torch_note(db.torch_version, rep)
@@ -363,7 +355,15 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
             for plan in plans:
                 result.notes.extend(plan.notes)
             rewrite_registration = registration.needs_rewrite(project, db)
-        if not plans and not extras.work and not rewrite_registration:
+        # recorded by an earlier run that was stopped before its build finished: this run builds them
+        pending = consistency.unbuilt_records(project, state) if build_it and not dry_run else []
+        if pending:
+            result.unchanged = [n for n in result.unchanged if n not in pending
+                                and getattr(project.covering(n), "op", None) not in pending]
+            result.added += pending
+            result.notes.append(f"{', '.join(pending)} {'is' if len(pending) == 1 else 'are'} recorded in backendgen.json "
+                                "but the library was not built with it since (an earlier run stopped): building now")
+        if not plans and not extras.work and not rewrite_registration and not pending:
             return result
         if dry_run:
             for plan in plans:
@@ -376,15 +376,12 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
             return result
         tx = edit_transaction(project)
         try:
-            with rep.step("write"), writes(project.root, "the project was left as it was"):
-                result.added = [write_op(project, db, plan, tx) for plan in plans]
-                result.added += [_write_custom(project, c, tx) for c in extras.custom]
-                result.added += [_write_override(project, ov, db, tx) for ov in extras.overrides]
-                registration.write(project, db, tx)
-                tx.write(project.metadata_path, project.metadata_text())
-                result.files = [p for p in tx.written if p.exists() and p.suffix != ".so"]
+            if plans or extras.work or rewrite_registration:
+                _write_all(project, db, plans, extras, tx, result, rep)
+                faults.reached("add-op:written")
             if build_it:
                 tests = [kernel_paths(plan)[1] for plan in plans] + extras.tests if test_it else []
+                tests += _tests_of(project, pending) if test_it else []
                 _build_and_test(project, tests, result, rep)
         except BaseException as exc:
             if keep_on_failure and not isinstance(exc, KeyboardInterrupt):
@@ -396,6 +393,25 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
                 tx.rollback()
             raise
     return result
+
+
+def _tests_of(project: Project, ops: list[str]) -> list[str]:
+    """The test files recorded for `ops` (kernels, own operators, overrides) that exist."""
+    records = [{"op": r.op, "test": r.test} for r in project.ops] + project.custom_ops + project.autograd_overrides
+    tests = [d["test"] for d in records if d["op"] in ops and d.get("test")]
+    return [t for t in dict.fromkeys(tests) if (project.root / t).is_file()]
+
+
+def _write_all(project: Project, db: OpDB, plans, extras: Extras, tx: Transaction, result: AddOpsResult,
+               rep: Reporter) -> None:
+    """Write every planned file, the registration file and the record (add-op's one write step)."""
+    with rep.step("write"), writes(project.root, "the project was left as it was"):
+        result.added += [write_op(project, db, plan, tx) for plan in plans]
+        result.added += [_write_custom(project, c, tx) for c in extras.custom]
+        result.added += [_write_override(project, ov, db, tx) for ov in extras.overrides]
+        registration.write(project, db, tx)
+        tx.write(project.metadata_path, project.metadata_text())
+        result.files = [p for p in tx.written if p.exists() and p.suffix != ".so"]
 
 
 def _build_and_test(project: Project, tests: list[str], result: AddOpsResult, rep: Reporter) -> None:
@@ -473,6 +489,7 @@ def remove(project: Project, names: list[str], *, force: bool, autograd: bool) -
 
     result = RemoveOpsResult(project.root)
     with project.lock():
+        state = consistency.inspect(project)  # a missing file is fine only if it belongs to what is removed
         sources: dict[str, list[OpRecord]] = {}
         extras: list[tuple[str, dict]] = []
         for name in names:
@@ -496,6 +513,7 @@ def remove(project: Project, names: list[str], *, force: bool, autograd: bool) -
         for rec in project.ops:  # every kernel of a removed file: a structured op's functional too
             if rec.source in sources:
                 sources[rec.source].append(rec)
+        consistency.require_files(project, state, ignore=(*sources, *(f for _, rec in extras for f in _extra_files(rec))))
         db = load_opdb()
         registration.needs_rewrite(project, db)  # refuses a registration file edited by hand
         edited = [src for src, recs in sources.items() if (project.root / src).exists()

@@ -16,10 +16,11 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, amp, build, history, kernelgen, manifest, naming, registration, render
+from backendgen import (__version__, addop, amp, build, consistency, faults, history, kernelgen, manifest, naming,
+                        registration, render)
 from backendgen.addop import AddOpsResult, RemoveOpsResult
 from backendgen.drift import Drift, classify
-from backendgen.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
 from backendgen.opdb import OpDB, load_opdb, torch_info
 from backendgen.progress import Reporter
 from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
@@ -98,14 +99,29 @@ def new_backend(
     result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes,
                        torch_note=torch_note)
     if build_it:
-        with rep.step("build"):
-            build.build(dest, names.package, names.dist_name, incremental=False)
-        result.built = True
+        try:
+            faults.reached("new:rendered")
+            with rep.step("build"):
+                build.build(dest, names.package, names.dist_name, incremental=False)
+            result.built = True
+        except KeyboardInterrupt:
+            _unmake(dest, backup)  # interrupted: as if `new` had not run, so that running it again works
+            raise
         if test_it:
             with rep.step("test"):
                 build.run_tests(dest)
             result.tested = True
     return result
+
+
+def _unmake(dest: Path, backup: Path | None) -> None:
+    """Remove the project `new` just moved into place (and put back the one --force moved aside).
+    An editable install pip made of it is left; the next `new` replaces it (its directory is gone)."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    if backup is not None and not dest.exists():
+        backup.rename(dest)
 
 
 def _initial_metadata(names: naming.Names, devices: int, db: OpDB, tpl: manifest.Manifest) -> dict:
@@ -238,6 +254,7 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
     amp.check_supported(project.template_version)
     policy = amp.check_policy(policy)
     with project.lock():
+        consistency.require_files(project, consistency.inspect(project))
         db = load_opdb()
         addop.check_torch(project, db)
         op = db.resolve(name)
@@ -289,7 +306,7 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
     else:
         try:
             project = Project.find()
-        except ProjectError:
+        except NotAProjectError:  # a broken backendgen.json is an error, not "outside a project"
             project = None
     db = load_opdb()
     pat = (pattern or "*").removeprefix("aten::")
@@ -342,6 +359,7 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
     if test_it:
         build.check_test_tools()
     with project.lock():
+        consistency.require_files(project, consistency.inspect(project))  # name a missing file, not a compiler error
         with rep.step("build"):
             outcome = build.build(project.root, project.package, project.data["dist_name"], allow_fast=not full)
         result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)
@@ -583,6 +601,7 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
 
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    consistency.require_files(project, consistency.inspect(project))  # a kernel deleted by hand: say so first
     old, new = upd.recorded_version(project), history.current_version()
     result = upd.UpdateResult(project.root, old, new, dry_run=dry_run)
     if not dry_run and not allow_dirty:

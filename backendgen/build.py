@@ -35,10 +35,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from backendgen import manifest
+from backendgen import faults, interrupt, manifest
 from backendgen.environment import installed_torch, subprocess_env
 from backendgen.errors import BuildError, EnvironmentProblem, TestFailure
-from backendgen.files import replacing, sha256_of, write_atomic
+from backendgen.files import replacing, sha256_of, write_atomic, writes
 from backendgen.textenum import TextEnum
 
 LOG_DIR = "build"
@@ -90,6 +90,8 @@ def ccache_dir() -> Path | None:
 def check_toolchain() -> None:
     """Fail early, with what to install, when the build cannot work."""
     cxx = os.environ.get("CXX", "c++")
+    if not cxx.split():
+        raise EnvironmentProblem("CXX is set but empty; unset it (the default is c++) or name a compiler, e.g. CXX=g++")
     if shutil.which(cxx.split()[0]) is None:
         raise EnvironmentProblem(f"no C++ compiler ({cxx}) on PATH; install g++ (Debian: apt-get install g++)")
     if shutil.which("ninja") is None and not (Path(sys.executable).parent / "ninja").is_file():
@@ -119,7 +121,9 @@ def _run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subproces
     with open(log, "w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # in a process group of its own, stopped with everything under it if this command is interrupted
+        proc = interrupt.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             phase="build:child")
     return proc
 
 
@@ -183,6 +187,46 @@ def build(root: Path, package: str, dist_name: str, *, incremental: bool = True,
     """Build the project's extension in place: the fast path when the record allows it, else
     `setup.py build_ext --inplace` (or pip for a first build or `incremental=False`)."""
     check_toolchain()
+    from backendgen.opdb import torch_info
+
+    torch_info()  # no torch (or no torchgen): one line, exit 2, before the build record is touched
+    seen = _metadata_entries(root)  # what this build compiles in, recorded once it succeeded
+    with writes(root, "the previous build was kept"):
+        outcome = _build(root, package, dist_name, incremental=incremental, allow_fast=allow_fast)
+        faults.reached("build:done")
+        if seen is not None:
+            write_atomic(root / BUILT, json.dumps({"format": RECORD_FORMAT, "entries": seen}, indent=1) + "\n")
+    return outcome
+
+
+# what backendgen.json recorded when the last successful build started (backendgen.consistency)
+BUILT = Path(LOG_DIR) / "backendgen-built.json"
+
+
+def _metadata_entries(root: Path) -> list[str] | None:
+    from backendgen import metadata
+    from backendgen.errors import ProjectError
+
+    try:
+        data = json.loads((root / "backendgen.json").read_text())
+        metadata.validate(data)
+    except (OSError, ValueError, ProjectError):
+        return None
+    return metadata.built_entries(data)
+
+
+def built_entries(root: Path) -> list[str] | None:
+    """The entries (metadata.built_entries) the last successful build saw; None when unknown (no
+    build since this record exists, or a project whose build/ was removed)."""
+    try:
+        data = json.loads((root / BUILT).read_text())
+    except (OSError, ValueError):
+        return None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return entries if isinstance(entries, list) and all(isinstance(e, str) for e in entries) else None
+
+
+def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow_fast: bool) -> BuildOutcome:
     log = root / LOG_DIR / "backendgen-build.log"
     env = _env()
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
@@ -345,8 +389,8 @@ class BuildRecord:
         `unity` command imports no torch) and say whether ninja's build file compiles exactly the
         sources it lists now. If so the record is brought up to date and the fast path holds."""
         protocol = manifest.load().build  # setup.py's command that writes the unity files and lists the sources
-        proc = subprocess.run([sys.executable, "setup.py", "-q", protocol["sources_command"]], cwd=root, env=env,
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+        proc = interrupt.run([sys.executable, "setup.py", "-q", protocol["sources_command"]], cwd=root, env=env,
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
         prefix = protocol["sources_prefix"]
         listed = [ln.removeprefix(prefix) for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
         if proc.returncode != 0 or len(listed) != 1:
@@ -380,13 +424,14 @@ class BuildRecord:
             with open(log, "a") as fh:
                 fh.write("$ " + " ".join(self.data["link"]) + "\n")
                 fh.flush()
-                proc = subprocess.run(self.data["link"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, check=False)
+                proc = interrupt.run(self.data["link"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, phase="build:child")
             _raise_if_failed(proc, log)
         target = root / package / library.name
         here = target.stat() if target.exists() else None
         built = library.stat()
         if here is None or (here.st_size, here.st_mtime_ns) != (built.st_size, built.st_mtime_ns):
+            faults.reached("build:install")
             with replacing(target) as tmp:
                 shutil.copy2(library, tmp)
 
@@ -416,8 +461,8 @@ def installed_from(root: Path, dist_name: str) -> bool:
 
 def uninstall(dist_name: str) -> None:
     """`pip uninstall -y dist_name` in this Python."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", dist_name], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=_env())
+    proc = interrupt.run([sys.executable, "-m", "pip", "uninstall", "-y", dist_name], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, env=_env())
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise EnvironmentProblem(f"could not uninstall {dist_name} ({why}); run {sys.executable} -m pip uninstall {dist_name}")
@@ -508,8 +553,8 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, cwd=root, env=_test_env(autoload="0"), stdin=subprocess.PIPE,
-                                stdout=fh, stderr=subprocess.STDOUT, text=True)
+        proc = interrupt.popen(cmd, cwd=root, env=_test_env(autoload="0"), stdin=subprocess.PIPE,
+                               stdout=fh, stderr=subprocess.STDOUT, text=True)
 
     def run() -> Path:
         try:
@@ -517,15 +562,18 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it died while importing; its log says why
-        _raise_if_tests_failed(proc.wait(), log)
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            interrupt.stop(proc)
+            raise
+        _raise_if_tests_failed(returncode, log)
         return log
 
     try:
         yield run
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        interrupt.stop(proc)  # not called (a failed build, an interrupt), or a straggler of its group
 
 
 # --- wheels -------------------------------------------------------------------------------------

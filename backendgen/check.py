@@ -64,12 +64,14 @@ class Kind(TextEnum):
     DANGLING = "dangling"
     DEVICE_MODULE = "device_module"
     LOAD = "load"
+    MISSING_FILE = "missing_file"
     MISSING_KERNEL = "missing_kernel"
     NEW_OVERLOADS = "new_overloads"
     PROBE = "probe"
     TESTED = "tested"
     TOO_OLD = "too_old"
     TORCH_MISMATCH = "torch_mismatch"
+    UNBUILT = "unbuilt"
     UNTESTED = "untested"
     # and a schema finding's drift.Drift (unchanged, schema_changed, signature_changed, removed)
 
@@ -488,6 +490,24 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
         report.coverage["no_cpu_kernel_ops"] = order(no_cpu)
 
 
+def _check_consistency(report: CheckReport, project: Project) -> None:
+    """The record against the files and the built library (backendgen.consistency)."""
+    from backendgen import consistency
+
+    state = consistency.inspect(project)
+    for rel in state.missing:
+        why = "every build runs it" if rel in consistency.BUILD_FILES else "recorded in backendgen.json"
+        report.add(Area.EXTENSION, Severity.ERROR, rel, f"missing ({why}): restore it, e.g. git checkout -- {rel}",
+                   kind=Kind.MISSING_FILE)
+    for entry in state.unbuilt:
+        report.add(Area.EXTENSION, Severity.ERROR, entry,
+                   "recorded in backendgen.json but not in the library's last build: backendgen build (or rerun its add-op)",
+                   kind=Kind.UNBUILT)
+    if state.removed:
+        report.add(Area.EXTENSION, Severity.WARNING, ", ".join(state.removed[:5]),
+                   "built into the library but no longer recorded: rebuild (backendgen build)", kind=Kind.UNBUILT)
+
+
 def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
     # The probe (one `import torch`) is most of a check: it starts first, with every recorded schema
     # (the live ones are looked up only for those; cheap), and torch's files are read meanwhile.
@@ -505,6 +525,7 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     _check_schemas(report, project, db, probed if "schemas" in probed else None)
     _check_apis(report, project, db, probed)
     registered = _check_extension(report, project, probed, stderr, returncode)
+    _check_consistency(report, project)
     _check_device_module(report, project, reads, probed)
     _check_extras(report, project, db, probed)
     _check_coverage(report, project, db, registered, list_ops)

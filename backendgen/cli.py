@@ -59,9 +59,12 @@ def _handles_errors(fn):
             if getattr(e, "hint", None):
                 err.print("  ", e.hint)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
-            _out(stderr=True).print("interrupted; nothing was left half-written")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (backendgen.interrupt)
+            from backendgen import interrupt
+
+            why = f" by {e.args[0]}" if isinstance(e, interrupt.Interrupted) else ""
+            _out(stderr=True).print(f"interrupted{why}; rolled back: nothing was left half-written")
+            raise typer.Exit(interrupt.exit_code(e)) from None
         except Exception as e:  # a bug in backendgen: say so in one line
             if _state["debug"]:
                 raise
@@ -157,7 +160,7 @@ def add_op(
     verb = "would write" if dry_run else "wrote"
     for f in res.files:
         con.print(f"{verb} {f.relative_to(res.root)}")
-    if not res.files:
+    if not res.files and not res.added:
         con.print("nothing to do")
     if res.added and not dry_run:
         state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
@@ -493,6 +496,10 @@ def _print_profile(res, printer) -> None:
 
 
 def main() -> None:
+    from backendgen import interrupt, output
+
+    interrupt.install()  # SIGTERM and SIGHUP take Ctrl-C's path: the one place they are handled
+    output.degrade_streams()  # a terminal that cannot show ✓ gets backslash escapes, not a crash
     try:
         app()
     except SystemExit as e:

@@ -152,6 +152,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
     except Exception as e:  # torchgen asserts on what it rejects  # noqa: BLE001
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"schema of {device}::{bare} rejected by torchgen: {first[:200]}") from None
+    _check_arguments(func, f"{device}::{bare}")
     for a in func.arguments.flat_all:
         if not _SUPPORTED_ARGS.match(str(a.type)):
             raise UserError(f"{device}::{bare}: argument {a.name} of type {a.type} is not supported by the generator yet")
@@ -234,6 +235,72 @@ def _check_body(body: str | None, name: str, device: str) -> str | None:
 def declaration(custom: CustomOp, function: str) -> str:
     """`RET function(ARGS)` with the dispatcher's types (for the registration file)."""
     return custom.op.signature.replace(" NAME(", f" {function}(", 1)
+
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_arguments(func, qualified: str) -> None:
+    """Refuse argument names and defaults the generated Python and C++ cannot take: a name that is
+    not an ASCII identifier, a Python or C++ keyword, a name used twice, a default that is not a
+    value of its type (`float a=banana`)."""
+    import keyword
+
+    from backendgen.naming import CPP_KEYWORDS
+
+    seen = set()
+    for a in func.arguments.flat_all:
+        name = a.name
+        if not name.isascii() or not _IDENT.match(name):
+            raise UserError(f"{qualified}: argument name {name[:40]!r} is not an ASCII identifier (letters, digits, _)")
+        if keyword.iskeyword(name) or name in CPP_KEYWORDS:
+            raise UserError(f"{qualified}: argument name {name!r} is a Python or C++ keyword; rename it (e.g. {name}_)")
+        if name in seen:
+            raise UserError(f"{qualified}: argument name {name!r} is used twice")
+        seen.add(name)
+        if a.default is not None:
+            _check_default(qualified, name, str(a.type), a.default)
+
+
+def _check_default(qualified: str, name: str, type_: str, default: str) -> None:
+    import ast
+
+    optional = type_.endswith("?")
+    base = type_.rstrip("?")
+    py = _python_default(default)
+    try:
+        value = ast.literal_eval(py)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = _NOT_A_LITERAL
+    if optional and value is None:
+        return
+    is_list = "[" in base
+    scalar = base.split("[")[0]
+    allowed = {"int": (int,), "SymInt": (int,), "float": (int, float), "Scalar": (int, float), "bool": (bool,),
+               "str": (str,)}.get(scalar)
+
+    def fits(v) -> bool:
+        return allowed is not None and isinstance(v, allowed) and (scalar == "bool" or not isinstance(v, bool))
+
+    ok = fits(value) or (is_list and isinstance(value, list) and all(fits(v) for v in value))
+    if not ok:
+        example = {"int": "1", "SymInt": "1", "float": "1.0", "Scalar": "1", "bool": "True", "str": "'mean'"}.get(scalar)
+        hint = f" (e.g. {type_} {name}={example})" if example else (" (only None: make it optional)" if optional else
+                                                                    " (this type takes no default here)")
+        raise UserError(f"{qualified}: the default of {name} ({type_}) is {default[:40]!r}, not a value of that type{hint}")
+
+
+_NOT_A_LITERAL = object()
+
+
+def check_python(custom: CustomOp, package: str) -> None:
+    """What add-op writes in Python must parse and compile; refuse before writing anything."""
+    for label, text in (("wrapper", render_wrapper(custom, package)), ("test", render_test(custom, package))):
+        try:
+            compile(text, f"<{custom.qualified} {label}>", "exec")
+        except SyntaxError as e:
+            raise UserError(f"{custom.qualified}: the schema gives a Python {label} that does not parse ({e.msg}, "
+                            f"line {e.lineno}); change the argument names or defaults") from None
 
 
 def _python_default(default: str | None) -> str | None:

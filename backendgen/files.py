@@ -40,6 +40,21 @@ def replacing(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def writes(where: Path, outcome: str) -> Iterator[None]:
+    """Turn a failing write (disk full, read-only file system, permissions) into a one-line error
+    (`UserError`) that says where and what became of the files (`outcome`)."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, (FileNotFoundError, IsADirectoryError)) or e.errno is None:
+            raise
+        from backendgen.errors import UserError
+
+        detail = f" ({e.filename})" if e.filename else ""
+        raise UserError(f"cannot write to {where}: {e.strerror}{detail}; {outcome}") from None
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file (text or bytes) through `replacing`, keeping the permissions of the file it replaces."""
     with replacing(path) as tmp:

@@ -38,6 +38,19 @@ def line(*parts: object) -> Text:
     return out
 
 
+def degrade_streams() -> None:
+    """Let stdout and stderr write what their encoding cannot (`PYTHONIOENCODING=ascii`, a C locale)
+    as backslash escapes instead of raising: a progress mark must never fail a command."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 class Output:
     """stdout (or stderr) of the CLI. Strings are never parsed as markup, emoji codes or highlights;
     a table cell is folded at the terminal's width, never cut, and not wrapped at all when the output
@@ -49,6 +62,15 @@ class Output:
         self.console = Console(stderr=stderr, markup=False, emoji=False, highlight=False, soft_wrap=True)
         if not self.console.is_terminal and "COLUMNS" not in os.environ:
             self.console.width = _UNWRAPPED
+
+    def can_show(self, text: str) -> bool:
+        """Whether the stream's encoding has `text` (else use an ASCII stand-in: `✓` -> `ok`)."""
+        encoding = getattr(self.console.file, "encoding", None) or "utf-8"
+        try:
+            text.encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            return False
+        return True
 
     def print(self, *parts: object) -> None:
         self.console.print(line(*parts))

@@ -39,5 +39,8 @@ class ConsoleReporter(Reporter):
         from backendgen.output import styled
 
         if not self.quiet or not ok:
-            mark = styled("✓", "green") if ok else styled("✗", "red")
+            mark = "✓" if ok else "✗"
+            if not self.out.can_show(mark):
+                mark = "ok" if ok else "FAILED"
+            mark = styled(mark, "green" if ok else "red")
             self.out.print(mark, f" {name} ", styled(f"{seconds:.1f} s", "dim"))

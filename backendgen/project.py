@@ -12,16 +12,16 @@ import contextlib
 import errno
 import fcntl
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import manifest
-from backendgen.errors import LockedError, ProjectError
+from backendgen import metadata
+from backendgen.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.files import write_atomic
 
 METADATA_FILE = "backendgen.json"
-METADATA_FORMAT = 1
+METADATA_FORMAT = metadata.FORMAT
 LOCK_FILE = ".backendgen.lock"
 # where things live in a project: the template's manifest says (template/template.json "paths")
 PATHS = manifest.load().paths
@@ -29,19 +29,6 @@ REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, gener
 COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
 DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
 MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU (opt-in: pytest -m models)
-_REQUIRED = ("format", "device", "package", "dist_name", "torch", "ops")
-
-
-_REGISTRATION_KEYS = ("name", "root", "ops_struct", "namespace", "function")
-_CPP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")  # what may reach the generated C++ from the file
-
-
-def _valid_registration(entry) -> bool:
-    return (
-        isinstance(entry, dict)
-        and set(entry) == set(_REGISTRATION_KEYS)
-        and all(isinstance(v, str) and _CPP_NAME.match(v) for v in entry.values())
-    )
 
 
 @dataclass
@@ -173,36 +160,18 @@ class Project:
         if not root.is_dir():
             raise ProjectError(f"{root} is not a directory")
         if not path.is_file():
-            raise ProjectError(
+            raise NotAProjectError(
                 f"{root} is not a backendgen project (no {METADATA_FILE}); run inside a generated project or pass --project DIR"
             )
         try:
-            data = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ProjectError(f"{path} is corrupted ({e}); restore it from version control") from None
-        if not isinstance(data, dict) or any(k not in data for k in _REQUIRED):
-            missing = [k for k in _REQUIRED if not isinstance(data, dict) or k not in data]
-            raise ProjectError(f"{path} is missing {', '.join(missing)}; restore it from version control")
-        if data["format"] != METADATA_FORMAT:
-            raise ProjectError(f"{path} has metadata format {data['format']}; this backendgen reads format {METADATA_FORMAT}")
-        if not isinstance(data["ops"], list) or not all(isinstance(d, dict) and "op" in d and "schema" in d for d in data["ops"]):
-            raise ProjectError(f"{path}: 'ops' is malformed; restore it from version control")
-        try:
-            records = [OpRecord(**d) for d in data["ops"]]
-        except TypeError as e:
-            raise ProjectError(f"{path}: an op entry is malformed ({e})") from None
-        for section in ("custom_ops", "autograd_overrides"):
-            items = data.get(section, [])
-            if not isinstance(items, list) or not all(isinstance(d, dict) and isinstance(d.get("op"), str)
-                                                      and isinstance(d.get("schema"), str) for d in items):
-                raise ProjectError(f"{path}: '{section}' is malformed; restore it from version control")
-        amp = data.get("amp")
-        if amp is not None and (not isinstance(amp, dict) or not all(
-                isinstance(k, str) and _CPP_NAME.match(k) and isinstance(v, str) for k, v in amp.items())):
-            raise ProjectError(f"{path}: 'amp' is malformed; restore it from version control")
-        for rec in records:
-            if rec.registration is not None and not _valid_registration(rec.registration):
-                raise ProjectError(f"{path}: the registration of {rec.op} is malformed; restore it from version control")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ProjectError(f"{path} is not valid JSON (not UTF-8: {e.reason}): it is corrupted; {metadata.RESTORE}") from None
+        except ValueError as e:
+            raise ProjectError(f"{path} is not valid JSON ({e}): it is corrupted; {metadata.RESTORE}") from None
+        except OSError as e:
+            raise ProjectError(f"cannot read {path}: {e.strerror}") from None
+        metadata.validate(data, str(path))  # the whole file, once: nothing reads an unchecked value
         return cls(root.resolve(), data)
 
     @classmethod
@@ -212,7 +181,7 @@ class Project:
         for d in (start, *start.parents):
             if (d / METADATA_FILE).is_file():
                 return cls.load(d)
-        raise ProjectError(
+        raise NotAProjectError(
             f"not inside a backendgen project ({METADATA_FILE} not found in {start} or above); pass --project DIR"
         )
 
@@ -282,7 +251,7 @@ class Transaction:
     def rollback(self) -> None:
         for path, content in reversed(list(self._saved.items())):
             if content is None:
-                with contextlib.suppress(FileNotFoundError):
+                if path.exists() or path.is_symlink():  # (a read-only file system refuses even a missing one)
                     path.unlink()
             else:
                 path.write_bytes(content)
