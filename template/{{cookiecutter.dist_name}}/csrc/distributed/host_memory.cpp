@@ -15,12 +15,15 @@
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
+#include "distributed/host_memory.h"
 #include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::distributed {
 namespace {
 
 void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+}  // namespace
 
 // A CPU tensor over the bytes of the device tensor `t`: same sizes, strides, offset and dtype.
 at::Tensor host_view(const at::Tensor& t) {
@@ -43,7 +46,6 @@ at::Tensor host_view(const at::Tensor& t) {
   return view;
 }
 
-}  // namespace
 }  // namespace {{ cookiecutter.device }}::distributed
 
 TORCH_LIBRARY_FRAGMENT({{ cookiecutter.package }}, m) {

@@ -31,12 +31,15 @@ def run_job(world_size, *scenarios, env=None):
 
 def test_two_processes_collectives_ddp_and_fsdp():
     """Every collective against its definition (six dtypes, sync and async, uneven sizes), one DDP
-    step and one FSDP (fully_shard) step, each equal to a single-process step on the whole batch."""
-    run_job(2, "collectives", "ddp", "fsdp")
+    step and FSDP (fully_shard) steps of a device module and of a CPU module, each equal to a
+    single-process step on the whole batch."""
+    run_job(2, "collectives", "ddp", "fsdp", "fsdp_from_cpu")
 
 
-def test_four_processes_collectives_and_ddp():
-    run_job(4, "collectives", "ddp")
+def test_four_processes_under_debug_detail():
+    """The same at 4 ranks with TORCH_DISTRIBUTED_DEBUG=DETAIL (every collective through c10d's
+    checking wrapper), ending with mismatched collectives, which every rank must detect."""
+    run_job(4, "collectives", "ddp", "mismatch", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
 
 
 def test_a_failing_rank_fails_the_job_without_a_hang():

@@ -171,9 +171,18 @@ def collectives(dev: torch.device, check: Checker) -> None:
     side.synchronize()
     check.equal("all_reduce on a side stream", t, 2 * sum(data(r, n, torch.float32) for r in ranks))
 
-    # CPU tensors in the same group go through gloo
+    # objects go through the device, as with NCCL: the default group has one backend, the device's
+    assert dist.distributed_c10d._get_object_coll_device() == DEVICE
+    objects = [None] * ws
+    dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"})
+    assert objects == [{"rank": r, "name": f"r{r}"} for r in ranks], objects
+    check.count += 1
+
+    # CPU tensors go to PyTorch's own gloo, as with NCCL: a group that names it
+    cpu_group = dist.new_group(backend="gloo")
+    assert type(cpu_group._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
     c = data(rank, n, torch.float32)
-    dist.all_reduce(c)
+    dist.all_reduce(c, group=cpu_group)
     check.equal("all_reduce of a CPU tensor", c, sum(data(r, n, torch.float32) for r in ranks))
 
 
@@ -243,7 +252,48 @@ def fsdp(dev: torch.device, check: Checker) -> None:
     _check_step(check, "FSDP", [p.full_tensor().detach().cpu() for p in model.parameters()], dev)
 
 
-SCENARIOS = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp}
+def fsdp_from_cpu(dev: torch.device, check: Checker) -> None:
+    """FSDP2 of a module still on the CPU: fully_shard moves it to the mesh's device
+    (`param.data = param.to(device)`, which needs `_has_compatible_shallow_copy_type`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(DEVICE, (ws,))
+    model = _model()  # on the CPU
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    local = [p.to_local() for p in model.parameters()]
+    assert all(p.device == dev for p in local), f"FSDP shards are not on {dev}: {[p.device for p in local]}"
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    mine = slice(4 * rank, 4 * rank + 4)
+    torch.nn.functional.mse_loss(model(x[mine].to(dev)), y[mine].to(dev)).backward()
+    opt.step()
+    _check_step(check, "FSDP of a CPU module", [p.full_tensor().detach().cpu() for p in model.parameters()], dev)
+
+
+def mismatch(dev: torch.device, check: Checker) -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: ranks that call different collectives all raise, naming
+    the mismatch (c10d's ProcessGroupWrapper around the device's backend, as around NCCL)."""
+    rank = dist.get_rank()
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL, "run with TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    t = torch.ones(3, device=dev)
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+    except RuntimeError as e:
+        assert "Detected mismatch between collectives" in str(e), str(e)
+        check.count += 1
+    else:
+        raise AssertionError(f"rank {rank}: mismatched collectives did not raise")
+
+
+SCENARIOS = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp, "fsdp_from_cpu": fsdp_from_cpu, "mismatch": mismatch}
 
 
 def main(argv: list[str]) -> int:
@@ -254,12 +304,13 @@ def main(argv: list[str]) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     torch.{{ cookiecutter.device }}.set_device(local_rank)  # each rank on its own device
     dev = torch.device(DEVICE, local_rank)
-    # No backend named: torch picks the one registered for the device ({{ cookiecutter.package }}/distributed.py).
-    dist.init_process_group(init_method="env://", timeout=TIMEOUT)
+    # No backend named: torch picks the one registered for the device ({{ cookiecutter.package }}/distributed.py);
+    # device_id binds it to this rank's device at once (FSDP2 recipes' eager init).
+    dist.init_process_group(init_method="env://", timeout=TIMEOUT, device_id=dev)
     try:
-        from {{ cookiecutter.package }}.distributed import DeviceProcessGroup
-
-        assert isinstance(dist.group.WORLD, DeviceProcessGroup), f"the default group is {type(dist.group.WORLD)}"
+        assert dist.get_backend() == f"{DEVICE}ccl", dist.get_backend()
+        backend = dist.group.WORLD._get_backend(dev)
+        assert backend.name() == f"{DEVICE}ccl" or dist.get_debug_level() == dist.DebugLevel.DETAIL, backend.name()
         for name in argv:
             check = Checker()
             SCENARIOS[name](dev, check)
