@@ -376,15 +376,16 @@ class DeviceBackend final : public c10d::Backend {
     Staging s;
     auto host_out = s(recv);
     auto host_in = s(send);
-    auto inner = transport_->alltoall_base(host_out, host_in, out_splits, in_splits, opts);
     auto outs = outputs;
-    auto finish = [outs, recv, out_splits] {
+    auto finish = [outs, recv] {
       int64_t offset = 0;
-      for (size_t i = 0; i < outs.size(); ++i) {
-        outs[i].copy_(recv.narrow(0, offset, out_splits[i]).view(outs[i].sizes()));
-        offset += out_splits[i];
+      for (const auto& out : outs) {
+        out.copy_(recv.narrow(0, offset, out.numel()).view(out.sizes()));
+        offset += out.numel();
       }
     };
+    // (gloo may take the split vectors' contents)
+    auto inner = transport_->alltoall_base(host_out, host_in, out_splits, in_splits, opts);
     return track(c10::make_intrusive<DeviceWork>(inner, recv.device(), outputs, finish, c10d::OpType::ALLTOALL));
   }
 

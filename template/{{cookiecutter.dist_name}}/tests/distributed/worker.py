@@ -178,9 +178,11 @@ def collectives(dev: torch.device, check: Checker) -> None:
     assert objects == [{"rank": r, "name": f"r{r}"} for r in ranks], objects
     check.count += 1
 
-    # CPU tensors go to PyTorch's own gloo, as with NCCL: a group that names it
-    cpu_group = dist.new_group(backend="gloo")
-    assert type(cpu_group._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
+    # CPU tensors go to PyTorch's own gloo, as with NCCL: a group that names it beside the device's
+    # (a gloo-only new_group fails once the default group is bound to a device, as with CUDA)
+    cpu_group = dist.new_group(backend=f"cpu:gloo,{DEVICE}:{DEVICE}ccl")
+    if dist.get_debug_level() != dist.DebugLevel.DETAIL:  # else c10d's checking wrapper around it
+        assert type(cpu_group._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
     c = data(rank, n, torch.float32)
     dist.all_reduce(c, group=cpu_group)
     check.equal("all_reduce of a CPU tensor", c, sum(data(r, n, torch.float32) for r in ranks))
