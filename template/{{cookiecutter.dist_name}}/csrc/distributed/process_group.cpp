@@ -274,9 +274,10 @@ class DeviceBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
+    // as flat buffers, as NCCL takes them (gloo splits the output along its first dimension)
     Staging s;
-    auto host_out = s(output);
-    auto host_in = s(input);
+    auto host_out = s(output).view({-1});
+    auto host_in = s(input).view({-1});
     return track(s.work(transport_->_allgather_base(host_out, host_in, opts), {output}, c10d::OpType::_ALLGATHER_BASE));
   }
 
@@ -330,8 +331,8 @@ class DeviceBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     Staging s;
-    auto host_out = s(output);
-    auto host_in = s(input);
+    auto host_out = s(output).view({-1});
+    auto host_in = s(input).view({-1});
     auto inner = transport_->_reduce_scatter_base(host_out, host_in, as_sum(opts));
     return track(s.work(inner, {output}, c10d::OpType::_REDUCE_SCATTER_BASE,
                         is_avg(opts.reduceOp) ? std::vector<at::Tensor>{output} : std::vector<at::Tensor>{}, getSize()));
