@@ -233,6 +233,27 @@ def ddp(dev: torch.device, check: Checker) -> None:
     opt.step()
     _check_step(check, "DDP", [p.detach().cpu() for p in model.module.parameters()], dev)
 
+    # gradient compression hooks: PyTorch refuses bf16_compress_hook by its name on any device but
+    # CUDA/XPU; the same hook under another name, and fp16_compress_hook, compress on the device
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def bf16_hook(state, bucket):
+        return default_hooks.bf16_compress_hook(state, bucket)
+
+    try:
+        torch.nn.parallel.DistributedDataParallel(_model().to(dev)).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    except TypeError as e:
+        assert "BF16" in str(e), str(e)
+    reference = _reference_step(dev, ws)
+    for hook in (bf16_hook, default_hooks.fp16_compress_hook):
+        model = torch.nn.parallel.DistributedDataParallel(_model().to(dev))
+        model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        torch.nn.functional.mse_loss(model(x[mine].to(dev)), y[mine].to(dev)).backward()
+        opt.step()
+        for i, (p, ref) in enumerate(zip(model.module.parameters(), reference)):
+            check.close(f"DDP with {hook.__name__}: parameter {i}", p, ref, rtol=0.02, atol=0.01)
+
 
 def fsdp(dev: torch.device, check: Checker) -> None:
     from torch.distributed.fsdp import fully_shard
