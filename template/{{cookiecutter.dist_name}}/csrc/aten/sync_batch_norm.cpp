@@ -14,7 +14,6 @@
 // reduce) and a fused elementwise kernel (elemt, backward elemt) each.
 #include "aten/kernel_support.h"
 
-#include <ATen/TensorOperators.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
@@ -58,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> stats(const at::Tensor& input, double eps) {
   TORCH_CHECK(count > 0, "batch_norm_stats: expected more than 0 values per channel");
   const auto dims = reduced_dims(input);
   at::Tensor mean = x.mean(dims, /*keepdim=*/false, std::nullopt);
-  at::Tensor var = (x - per_channel(mean, input)).square().mean(dims, /*keepdim=*/false, std::nullopt);
+  at::Tensor var = x.sub(per_channel(mean, input)).square().mean(dims, /*keepdim=*/false, std::nullopt);
   return {mean, var.add(eps).rsqrt()};
 }
 
@@ -71,9 +70,9 @@ std::tuple<at::Tensor, at::Tensor> gather_stats_with_counts(const at::Tensor& in
   const auto type = mean.scalar_type();
   const at::Tensor n = in_type(counts, type).reshape({-1, 1});  // [world, 1]
   const at::Tensor total = n.sum();
-  const at::Tensor global_mean = (mean * n).sum(0).div(total);
+  const at::Tensor global_mean = mean.mul(n).sum(0).div(total);
   // each rank's biased variance is 1/invstd^2 - eps; add the spread of the ranks' means
-  const at::Tensor var_n = (n * (invstd.square().reciprocal().sub(eps) + (mean - global_mean).square())).sum(0);
+  const at::Tensor var_n = n.mul(invstd.square().reciprocal().sub(eps).add(mean.sub(global_mean).square())).sum(0);
   const at::Tensor global_invstd = var_n.div(total).add(eps).rsqrt();
   if (running_mean.has_value() && running_mean->defined()) {
     running_mean->mul_(1 - momentum).add_(in_type(global_mean, running_mean->scalar_type()), momentum);
@@ -96,9 +95,9 @@ std::tuple<at::Tensor, at::Tensor> gather_stats(const at::Tensor& input, const a
 at::Tensor elemt_value(const at::Tensor& input, const std::optional<at::Tensor>& weight,
                        const std::optional<at::Tensor>& bias, const at::Tensor& mean, const at::Tensor& invstd) {
   const auto type = stats_type(input.scalar_type());
-  at::Tensor y = (in_type(input, type) - per_channel(mean, input)) * per_channel(in_type(invstd, type), input);
-  if (weight.has_value() && weight->defined()) y = y * per_channel(in_type(*weight, type), input);
-  if (bias.has_value() && bias->defined()) y = y + per_channel(in_type(*bias, type), input);
+  at::Tensor y = in_type(input, type).sub(per_channel(mean, input)).mul(per_channel(in_type(invstd, type), input));
+  if (weight.has_value() && weight->defined()) y = y.mul(per_channel(in_type(*weight, type), input));
+  if (bias.has_value() && bias->defined()) y = y.add(per_channel(in_type(*bias, type), input));
   return y;
 }
 
@@ -121,13 +120,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_reduce(
     const std::optional<at::Tensor>& weight, bool input_g, bool weight_g, bool bias_g) {
   const auto type = stats_type(input.scalar_type());
   const at::Tensor dy = in_type(grad_out, type);
-  const at::Tensor xmu = in_type(input, type) - per_channel(mean, input);
+  const at::Tensor xmu = in_type(input, type).sub(per_channel(mean, input));
   const at::Tensor sum_dy = channel_sum(dy, input, type);
-  const at::Tensor sum_dy_xmu = channel_sum(dy * xmu, input, type);
+  const at::Tensor sum_dy_xmu = channel_sum(dy.mul(xmu), input, type);
   const bool has_weight = weight.has_value() && weight->defined();
   const auto param_type = has_weight ? weight->scalar_type() : input.scalar_type();
   at::Tensor grad_weight, grad_bias;
-  if (weight_g) grad_weight = in_type(sum_dy_xmu * in_type(invstd, type), param_type);
+  if (weight_g) grad_weight = in_type(sum_dy_xmu.mul(in_type(invstd, type)), param_type);
   if (bias_g) grad_bias = in_type(sum_dy, param_type);
   return {input_g ? sum_dy : at::Tensor(), input_g ? sum_dy_xmu : at::Tensor(), grad_weight, grad_bias};
 }
@@ -140,12 +139,13 @@ at::Tensor backward_elemt(const at::Tensor& grad_out, const at::Tensor& input, c
   const at::Tensor mean_dy = in_type(sum_dy, type).div(total);
   const at::Tensor mean_dy_xmu = in_type(sum_dy_xmu, type).div(total);
   const at::Tensor inv = in_type(invstd, type);
-  const at::Tensor xmu = in_type(input, type) - per_channel(mean, input);
-  at::Tensor g = in_type(grad_out, type) - per_channel(mean_dy, input) -
-                 xmu * per_channel(inv.square() * mean_dy_xmu, input);
+  const at::Tensor xmu = in_type(input, type).sub(per_channel(mean, input));
+  at::Tensor g = in_type(grad_out, type)
+                     .sub(per_channel(mean_dy, input))
+                     .sub(xmu.mul(per_channel(inv.square().mul(mean_dy_xmu), input)));
   at::Tensor scale = inv;
-  if (weight.has_value() && weight->defined()) scale = scale * in_type(*weight, type);
-  g = g * per_channel(scale, input);
+  if (weight.has_value() && weight->defined()) scale = scale.mul(in_type(*weight, type));
+  g = g.mul(per_channel(scale, input));
   return in_type(g, input.scalar_type()).contiguous(input.suggest_memory_format());
 }
 
