@@ -28,8 +28,8 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.{{ cookiecutter.device }}.set_device(local_rank)
     device = torch.device("{{ cookiecutter.device }}", local_rank)
-    # env:// from torchrun; the backend comes from the device. device_id binds the group to this
-    # rank's device (in torch 2.13 DDP needs it with any backend but NCCL: docs/troubleshooting.md)
+    # env:// from torchrun; the backend comes from the device; device_id binds the group to this
+    # rank's device at once
     dist.init_process_group(device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
 
