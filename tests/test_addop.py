@@ -160,10 +160,14 @@ def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
 
 
 def test_ops_and_add_op_know_the_sync_batch_norm_operators_are_native(project):
-    """SyncBatchNorm's CUDA-only operators: native in the template (csrc/aten/sync_batch_norm.cpp),
-    so `ops` shows none as fallback or missing and add-op writes nothing for them."""
+    """SyncBatchNorm's CUDA-only operators and the out_dtype= matrix products: native in the
+    template (csrc/aten/sync_batch_norm.cpp, out_dtype_matmul.cpp), so `ops` shows none as fallback
+    or missing and add-op writes nothing for them."""
     rows = _ops_status(api.list_ops("batch_norm_", project))
     assert {rows[n] for n in SYNC_BATCH_NORM} == {"native"}, {n: rows.get(n) for n in SYNC_BATCH_NORM}
+    rows = _ops_status(api.list_ops("mm.dtype", project))
+    wide = ["aten::mm.dtype", "aten::bmm.dtype_out", "aten::addmm.dtype", "aten::baddbmm.dtype_out"]
+    assert {rows[n] for n in wide} == {"native"}, {n: rows.get(n) for n in wide}
     before = _snapshot(project)
     out = run_cli("add-op", "aten::batch_norm_stats", "batch_norm_backward_elemt", "--no-build", cwd=project)
     assert out.returncode == 0, out.stdout + out.stderr
