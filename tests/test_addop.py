@@ -13,6 +13,9 @@ from conftest import run_cli
 
 FUSED_CELLS = ["aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
                "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"]
+SYNC_BATCH_NORM = ["aten::batch_norm_stats", "aten::batch_norm_gather_stats", "aten::batch_norm_gather_stats_with_counts",
+                   "aten::batch_norm_elemt", "aten::batch_norm_elemt.out", "aten::batch_norm_backward_reduce",
+                   "aten::batch_norm_backward_elemt"]
 
 
 def _snapshot(root):
@@ -154,3 +157,20 @@ def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
     assert out.exit_code == 0, out.output
     assert "aten::foo: built and tested (1 of the new tests skipped)" in out.output
     assert "skipped 1 in tests/ops/test_foo.py: no OpInfo sample calls aten::foo" in out.output
+
+
+def test_ops_and_add_op_know_the_sync_batch_norm_operators_are_native(project):
+    """SyncBatchNorm's CUDA-only operators and the out_dtype= matrix products: native in the
+    template (csrc/aten/sync_batch_norm.cpp, out_dtype_matmul.cpp), so `ops` shows none as fallback
+    or missing and add-op writes nothing for them."""
+    rows = _ops_status(api.list_ops("batch_norm_", project))
+    assert {rows[n] for n in SYNC_BATCH_NORM} == {"native"}, {n: rows.get(n) for n in SYNC_BATCH_NORM}
+    rows = _ops_status(api.list_ops("mm.dtype", project))
+    wide = ["aten::mm.dtype", "aten::bmm.dtype_out", "aten::addmm.dtype", "aten::baddbmm.dtype_out"]
+    assert {rows[n] for n in wide} == {"native"}, {n: rows.get(n) for n in wide}
+    before = _snapshot(project)
+    out = run_cli("add-op", "aten::batch_norm_stats", "batch_norm_backward_elemt", "--no-build", cwd=project)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "aten::batch_norm_stats is already native in this project" in out.stdout, out.stdout
+    assert "nothing to do" in out.stdout
+    assert _snapshot(project) == before

@@ -1,7 +1,9 @@
-"""The collective backend every generated project carries ({package}/distributed.py) and
-`backendgen test --distributed`: the project's multi-process tests on the session's backend —
-every collective on 2 and 4 processes, DDP and FSDP equal to a single-process step, a failing
-rank, torchrun running the README's example."""
+"""The collective backend every generated project carries (csrc/distributed/process_group.cpp, a
+c10d Backend registered by {package}/distributed.py) and `backendgen test --distributed`: the
+project's multi-process tests on the session's backend — every collective on 2 and 4 processes,
+DDP, FSDP2 (of a device module, of a CPU module, in bf16), SyncBatchNorm, tensor parallelism and a
+distributed checkpoint each equal to one CPU process's step, mismatched collectives detected
+under TORCH_DISTRIBUTED_DEBUG=DETAIL, a failing rank, torchrun running the README's example."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import sys
 from conftest import run_cli
 
 DISTRIBUTED_TESTS = [
-    "test_two_processes_collectives_ddp_and_fsdp",
-    "test_four_processes_collectives_and_ddp",
+    "test_two_processes_collectives_and_training",
+    "test_four_processes_under_debug_detail",
     "test_a_failing_rank_fails_the_job_without_a_hang",
     "test_torchrun_trains_the_example",
 ]

@@ -54,6 +54,7 @@ GROUPS = {
     "runtime": ["driver", "runtime"],
     "profiler": ["runtime/profiler.cpp"],
     "aten": ["aten", "distributed"],
+    "distributed": ["distributed/process_group.cpp"],
     "ops": ["aten/ops", "custom_ops"],
     "autograd": ["autograd"],
     "registration": ["aten/ops/generated"],

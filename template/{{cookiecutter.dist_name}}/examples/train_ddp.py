@@ -28,7 +28,9 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.{{ cookiecutter.device }}.set_device(local_rank)
     device = torch.device("{{ cookiecutter.device }}", local_rank)
-    dist.init_process_group()  # env:// from torchrun; the backend comes from the device
+    # env:// from torchrun; the backend comes from the device; device_id binds the group to this
+    # rank's device at once
+    dist.init_process_group(device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts rank 0's)

@@ -18,13 +18,15 @@ def test_the_device_has_a_default_collective_backend():
     assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
 
 
-def test_init_process_group_without_a_backend_serves_device_and_cpu_tensors(tmp_path):
-    from {{ cookiecutter.package }}.distributed import DeviceProcessGroup
-
+def test_init_process_group_without_a_backend_uses_the_device_backend(tmp_path):
     dist.init_process_group(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=30))
     try:
-        assert isinstance(dist.group.WORLD, DeviceProcessGroup)
+        # a c10d ProcessGroup with the device's c10d Backend, as NCCL's for CUDA, and PyTorch's
+        # own gloo for CPU tensors
+        assert type(dist.group.WORLD) is dist.ProcessGroup
+        assert dist.group.WORLD._get_backend(torch.device(DEVICE)).name() == f"{DEVICE}ccl"
+        assert type(dist.group.WORLD._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
         t = torch.arange(4.0, device=DEVICE)
         dist.all_reduce(t)
         assert t.device.type == DEVICE and t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
@@ -34,6 +36,23 @@ def test_init_process_group_without_a_backend_serves_device_and_cpu_tensors(tmp_
         c = torch.ones(3)
         dist.all_reduce(c)
         assert c.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", [None, "gloo"])
+def test_a_cpu_program_gets_plain_gloo(tmp_path, backend):
+    """A program that never touches the device, with this backend installed (it autoloads)."""
+    dist.init_process_group(backend, init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        assert type(dist.group.WORLD._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
+        c = torch.ones(3)
+        dist.all_reduce(c)
+        assert c.tolist() == [1.0, 1.0, 1.0]
+        objects = [None]
+        dist.all_gather_object(objects, {"a": 1})
+        assert objects == [{"a": 1}]
     finally:
         dist.destroy_process_group()
 

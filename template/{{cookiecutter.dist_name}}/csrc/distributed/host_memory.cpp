@@ -1,4 +1,4 @@
-// Host views of device memory for the collective backend ({{ cookiecutter.package }}/distributed.py)
+// Host views of device memory for the collective backend (process_group.cpp, through host_memory.h)
 // and for the kernels torch.compile writes ({{ cookiecutter.package }}/compiler/inductor.py).
 //
 // The emulated device's memory is host memory behind the driver, so the emulated collective
@@ -9,18 +9,21 @@
 // owns a reference to the device storage: a collective in flight keeps its memory alive even if
 // Python drops the device tensor (a temporary buffer, say) before the collective completes.
 // What a hardware team replaces: nothing here. A collective library that takes device pointers
-// gets device tensors from distributed.py's Transport and never calls this operator; delete it
+// gets device tensors in process_group.cpp and never calls this operator; delete it
 // with the emulated transport.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
+#include "distributed/host_memory.h"
 #include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::distributed {
 namespace {
 
 void release_storage(void* ctx) { delete static_cast<c10::Storage*>(ctx); }
+
+}  // namespace
 
 // A CPU tensor over the bytes of the device tensor `t`: same sizes, strides, offset and dtype.
 at::Tensor host_view(const at::Tensor& t) {
@@ -43,7 +46,6 @@ at::Tensor host_view(const at::Tensor& t) {
   return view;
 }
 
-}  // namespace
 }  // namespace {{ cookiecutter.device }}::distributed
 
 TORCH_LIBRARY_FRAGMENT({{ cookiecutter.package }}, m) {

@@ -18,6 +18,11 @@
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
+namespace {{ cookiecutter.device }}::distributed {
+// csrc/distributed/process_group.cpp (the one file with pybind11: it hands a c10d Backend to Python)
+PyObject* make_process_group_backend(PyObject*, PyObject* args);
+}  // namespace {{ cookiecutter.device }}::distributed
+
 namespace {
 
 namespace dev = {{ cookiecutter.device }};
@@ -254,6 +259,8 @@ PyMethodDef kMethods[] = {
     {"set_memory_limit", set_memory_limit, METH_VARARGS, "Set a device's capacity in bytes."},
     {"mem_info", mem_info, METH_O, "(free, total) bytes of a device."},
     {"device_properties", device_properties, METH_O, "(name, major, minor, total_memory, multiprocessors) of a device."},
+    {"make_process_group_backend", dev::distributed::make_process_group_backend, METH_VARARGS,
+     "The c10d Backend for device tensors over a gloo Backend: (transport, rank, size, timeout_seconds)."},
     {"fallback_stats", fallback_stats, METH_NOARGS, "Operators run through the CPU fallback: (calls, seconds)."},
     {"reset_fallback_counts", reset_fallback_counts, METH_NOARGS, "Zero the fallback counters."},
     {"set_fallback_warning", set_fallback_warning, METH_O, "Warn once per operator that falls back to the CPU."},

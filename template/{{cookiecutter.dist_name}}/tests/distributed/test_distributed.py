@@ -29,14 +29,22 @@ def run_job(world_size, *scenarios, env=None):
     return job
 
 
-def test_two_processes_collectives_ddp_and_fsdp():
-    """Every collective against its definition (six dtypes, sync and async, uneven sizes), one DDP
-    step and one FSDP (fully_shard) step, each equal to a single-process step on the whole batch."""
-    run_job(2, "collectives", "ddp", "fsdp")
+TRAINING = ["ddp", "fsdp", "fsdp_from_cpu", "syncbn", "fsdp_bf16", "tensor_parallel", "checkpoint"]
 
 
-def test_four_processes_collectives_and_ddp():
-    run_job(4, "collectives", "ddp")
+def test_two_processes_collectives_and_training():
+    """Every collective against its definition (six dtypes, sync and async, uneven sizes, object
+    collectives), then one training step each of DDP, FSDP2 (a device module, a CPU module, bf16
+    mixed precision), SyncBatchNorm in DDP, DTensor with tensor parallelism and a distributed
+    checkpoint saved and loaded, each compared with the same step in one CPU process on the whole
+    batch. One launch runs them all: starting the ranks costs more than most checks."""
+    run_job(2, "collectives", *TRAINING)
+
+
+def test_four_processes_under_debug_detail():
+    """The same at 4 ranks with TORCH_DISTRIBUTED_DEBUG=DETAIL (every collective through c10d's
+    checking wrapper), ending with mismatched collectives, which every rank must detect."""
+    run_job(4, "collectives", *TRAINING, "mismatch", env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
 
 
 def test_a_failing_rank_fails_the_job_without_a_hang():

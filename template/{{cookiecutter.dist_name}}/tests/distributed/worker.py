@@ -171,9 +171,21 @@ def collectives(dev: torch.device, check: Checker) -> None:
     side.synchronize()
     check.equal("all_reduce on a side stream", t, 2 * sum(data(r, n, torch.float32) for r in ranks))
 
-    # CPU tensors in the same group go through gloo
+    # objects: the default group, bound to the device by device_id, has the device's backend alone
+    # (as NCCL's would), so they go through the device
+    assert dist.distributed_c10d._get_object_coll_device() == DEVICE
+    objects = [None] * ws
+    dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"})
+    assert objects == [{"rank": r, "name": f"r{r}"} for r in ranks], objects
+    check.count += 1
+
+    # CPU tensors go to PyTorch's own gloo in a group that has it beside the device's backend
+    # (a gloo-only new_group fails once the default group is bound to a device, as with CUDA)
+    cpu_group = dist.new_group(backend=f"cpu:gloo,{DEVICE}:{DEVICE}ccl")
+    if dist.get_debug_level() != dist.DebugLevel.DETAIL:  # else c10d's checking wrapper around it
+        assert type(cpu_group._get_backend(torch.device("cpu"))) is dist.ProcessGroupGloo
     c = data(rank, n, torch.float32)
-    dist.all_reduce(c)
+    dist.all_reduce(c, group=cpu_group)
     check.equal("all_reduce of a CPU tensor", c, sum(data(r, n, torch.float32) for r in ranks))
 
 
@@ -222,6 +234,27 @@ def ddp(dev: torch.device, check: Checker) -> None:
     opt.step()
     _check_step(check, "DDP", [p.detach().cpu() for p in model.module.parameters()], dev)
 
+    # gradient compression hooks: PyTorch refuses bf16_compress_hook by its name on any device but
+    # CUDA/XPU; the same hook under another name, and fp16_compress_hook, compress on the device
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    def bf16_hook(state, bucket):
+        return default_hooks.bf16_compress_hook(state, bucket)
+
+    try:
+        torch.nn.parallel.DistributedDataParallel(_model().to(dev)).register_comm_hook(None, default_hooks.bf16_compress_hook)
+    except TypeError as e:
+        assert "BF16" in str(e), str(e)
+    reference = _reference_step(dev, ws)
+    for hook in (bf16_hook, default_hooks.fp16_compress_hook):
+        model = torch.nn.parallel.DistributedDataParallel(_model().to(dev))
+        model.register_comm_hook(None, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        torch.nn.functional.mse_loss(model(x[mine].to(dev)), y[mine].to(dev)).backward()
+        opt.step()
+        for i, (p, ref) in enumerate(zip(model.module.parameters(), reference)):
+            check.close(f"DDP with {hook.__name__}: parameter {i}", p, ref, rtol=0.02, atol=0.01)
+
 
 def fsdp(dev: torch.device, check: Checker) -> None:
     from torch.distributed.fsdp import fully_shard
@@ -243,7 +276,169 @@ def fsdp(dev: torch.device, check: Checker) -> None:
     _check_step(check, "FSDP", [p.full_tensor().detach().cpu() for p in model.parameters()], dev)
 
 
-SCENARIOS = {"collectives": collectives, "ddp": ddp, "fsdp": fsdp}
+def fsdp_from_cpu(dev: torch.device, check: Checker) -> None:
+    """FSDP2 of a module still on the CPU: fully_shard moves it to the mesh's device
+    (`param.data = param.to(device)`, which needs `_has_compatible_shallow_copy_type`)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(DEVICE, (ws,))
+    model = _model()  # on the CPU
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    local = [p.to_local() for p in model.parameters()]
+    assert all(p.device == dev for p in local), f"FSDP shards are not on {dev}: {[p.device for p in local]}"
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    mine = slice(4 * rank, 4 * rank + 4)
+    torch.nn.functional.mse_loss(model(x[mine].to(dev)), y[mine].to(dev)).backward()
+    opt.step()
+    _check_step(check, "FSDP of a CPU module", [p.full_tensor().detach().cpu() for p in model.parameters()], dev)
+
+
+def _cpu_step(model: torch.nn.Module, ws: int) -> torch.nn.Module:
+    """One SGD step of `model` on the CPU, in this process alone, on the whole batch."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    return model
+
+
+def syncbn(dev: torch.device, check: Checker) -> None:
+    """nn.SyncBatchNorm in DDP, each rank on its slice of the batch: parameters and running
+    statistics equal batch norm in one CPU process on the whole batch."""
+    rank, ws = dist.get_rank(), dist.get_world_size()
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+    ddp_model = torch.nn.parallel.DistributedDataParallel(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model()).to(dev))
+    opt = torch.optim.SGD(ddp_model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    mine = slice(4 * rank, 4 * rank + 4)
+    torch.nn.functional.mse_loss(ddp_model(x[mine].to(dev)), y[mine].to(dev)).backward()
+    opt.step()
+    reference = _cpu_step(model(), ws)
+    for (name, p), (_, ref) in zip(ddp_model.module.state_dict().items(), reference.state_dict().items()):
+        if p.is_floating_point():
+            check.close(f"SyncBatchNorm in DDP: {name} equals one CPU process's", p, ref, rtol=1e-4, atol=1e-5)
+
+
+def fsdp_bf16(dev: torch.device, check: Checker) -> None:
+    """FSDP2 with bf16 mixed precision (parameters and compute in bf16, gradients reduced in float):
+    the forward runs in bf16 and the step matches one CPU process's float step to bf16's precision."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = _model().to(dev)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    mine = slice(4 * rank, 4 * rank + 4)
+    out = model(x[mine].to(dev))
+    assert out.dtype == torch.bfloat16, f"FSDP2's bf16 policy: the forward ran in {out.dtype}"
+    torch.nn.functional.mse_loss(out.float(), y[mine].to(dev)).backward()
+    opt.step()
+    params = [p.full_tensor().detach().cpu() for p in model.parameters()]
+    assert all(p.dtype == torch.float32 for p in params), "FSDP2 keeps float parameters"
+    for i, (p, ref) in enumerate(zip(params, _cpu_step(_model(), ws).parameters())):
+        check.close(f"FSDP2 bf16: parameter {i} near one CPU process's float step", p, ref.detach(), rtol=0.05, atol=0.02)
+
+
+def tensor_parallel(dev: torch.device, check: Checker) -> None:
+    """DTensor and tensor parallelism on a device mesh: sharded and replicated DTensors, and a
+    column/row-parallel MLP whose forward and step equal the same MLP on the CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(DEVICE, (ws,))
+    whole = data(0, 4 * ws * 3, torch.float32).reshape(4 * ws, 3)
+    sharded = distribute_tensor(whole.to(dev), mesh, [Shard(0)])
+    check.equal("DTensor Shard(0): the local shard", sharded.to_local(), whole[4 * rank:4 * rank + 4])
+    check.equal("DTensor Shard(0) -> Replicate", sharded.redistribute(mesh, [Replicate()]).to_local(), whole)
+    check.equal("DTensor sum of a sharded tensor", sharded.sum().full_tensor(), whole.sum())
+
+    model = parallelize_module(_model().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    assert model[0].weight.to_local().shape[0] == 16 // ws, "ColwiseParallel did not shard the first layer"
+    x, y = _batch(ws)
+    cpu = _model()
+    check.close("tensor parallel: forward equals the CPU's", model(x.to(dev)), cpu(x), rtol=1e-5, atol=1e-6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    torch.nn.functional.mse_loss(model(x.to(dev)), y.to(dev)).backward()
+    opt.step()
+    for i, (p, ref) in enumerate(zip(model.parameters(), _cpu_step(_model(), ws).parameters())):
+        check.close(f"tensor parallel: parameter {i} equals the CPU step", p.full_tensor(), ref.detach(), rtol=1e-5, atol=1e-6)
+
+
+def checkpoint(dev: torch.device, check: Checker) -> None:
+    """Distributed checkpoint of an FSDP2 model: saved after a step, loaded into a model built
+    from other weights, which then holds the saved parameters (and they equal the CPU's step)."""
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    where = [tempfile.mkdtemp(prefix="dcp-") if rank == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    model = fully_shard(_model().to(dev))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    x, y = _batch(ws)
+    mine = slice(4 * rank, 4 * rank + 4)
+    torch.nn.functional.mse_loss(model(x[mine].to(dev)), y[mine].to(dev)).backward()
+    opt.step()
+    dcp.save(model.state_dict(), checkpoint_id=where[0])
+
+    torch.manual_seed(1)
+    other = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    other = fully_shard(other.to(dev))
+    state = other.state_dict()
+    dcp.load(state, checkpoint_id=where[0])
+    other.load_state_dict(state)
+    saved = [p.full_tensor().detach().cpu() for p in model.parameters()]
+    for i, (p, ref, cpu) in enumerate(zip(other.parameters(), saved, _cpu_step(_model(), ws).parameters())):
+        check.equal(f"checkpoint: parameter {i} loaded as saved", p.full_tensor().detach(), ref)
+        check.close(f"checkpoint: parameter {i} equals the CPU step", ref, cpu.detach(), rtol=1e-5, atol=1e-6)
+    dist.barrier()
+    if rank == 0:
+        import shutil
+
+        shutil.rmtree(where[0], ignore_errors=True)
+
+
+def mismatch(dev: torch.device, check: Checker) -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: ranks that call different collectives all raise, naming
+    the mismatch (c10d's ProcessGroupWrapper around the device's backend, as around NCCL)."""
+    rank = dist.get_rank()
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL, "run with TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    t = torch.ones(3, device=dev)
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=0)
+    except RuntimeError as e:
+        assert "Detected mismatch between collectives" in str(e), str(e)
+        check.count += 1
+    else:
+        raise AssertionError(f"rank {rank}: mismatched collectives did not raise")
+
+
+SCENARIOS = {
+    "collectives": collectives, "ddp": ddp, "fsdp": fsdp, "fsdp_from_cpu": fsdp_from_cpu, "syncbn": syncbn,
+    "fsdp_bf16": fsdp_bf16, "tensor_parallel": tensor_parallel, "checkpoint": checkpoint, "mismatch": mismatch,
+}
 
 
 def main(argv: list[str]) -> int:
@@ -254,12 +449,12 @@ def main(argv: list[str]) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     torch.{{ cookiecutter.device }}.set_device(local_rank)  # each rank on its own device
     dev = torch.device(DEVICE, local_rank)
-    # No backend named: torch picks the one registered for the device ({{ cookiecutter.package }}/distributed.py).
-    dist.init_process_group(init_method="env://", timeout=TIMEOUT)
+    # No backend named: torch picks the one registered for the device ({{ cookiecutter.package }}/distributed.py);
+    # device_id binds it to this rank's device at once (FSDP2 recipes' eager init).
+    dist.init_process_group(init_method="env://", timeout=TIMEOUT, device_id=dev)
     try:
-        from {{ cookiecutter.package }}.distributed import DeviceProcessGroup
-
-        assert isinstance(dist.group.WORLD, DeviceProcessGroup), f"the default group is {type(dist.group.WORLD)}"
+        backend = dist.group.WORLD._get_backend(dev)
+        assert backend.name() == f"{DEVICE}ccl" or dist.get_debug_level() == dist.DebugLevel.DETAIL, backend.name()
         for name in argv:
             check = Checker()
             SCENARIOS[name](dev, check)
