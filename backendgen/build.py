@@ -44,10 +44,14 @@ from backendgen.textenum import TextEnum
 LOG_DIR = "build"
 
 
-def _env(autoload: str | None = "0") -> dict[str, str]:
+def _env(autoload: str | None = "0", root: Path | None = None) -> dict[str, str]:
     """The environment of the build's processes (autoload off: a stale build must not load into the
-    build itself), or the project's tests' (`_test_env`)."""
+    build itself), or the project's tests' (`_test_env`). With the project's `root`, ccache reads
+    paths inside the project as relative ones (CCACHE_BASEDIR; the template's unity files include
+    their sources by relative path), so a copy or a move of a project is served from the cache."""
     env = subprocess_env(autoload=autoload)
+    if root is not None:
+        env.setdefault("CCACHE_BASEDIR", str(root.resolve()))
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
     env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     masq = ccache_dir()
@@ -228,7 +232,7 @@ def built_entries(root: Path) -> list[str] | None:
 
 def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow_fast: bool) -> BuildOutcome:
     log = root / LOG_DIR / "backendgen-build.log"
-    env = _env()
+    env = _env(root=root)
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
     why = (Stale.NOT_INSTALLED if not installed
            else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None)
@@ -630,7 +634,7 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
     auditwheel = check_wheel_tools()
     check_toolchain()
     log = root / LOG_DIR / "backendgen-wheel.log"
-    env = _env()
+    env = _env(root=root)
     env.pop(torch_label_env(device), None)
     if torch_label:
         env[torch_label_env(device)] = "1"

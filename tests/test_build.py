@@ -141,6 +141,16 @@ def test_sources_that_need_a_new_build_ninja_go_through_setup_py(with_units):
     assert not record.units_still_match(root, unity_off)
 
 
+def test_a_copy_of_a_project_compiles_to_the_same_ccache_keys(with_units, tmp_path):
+    """ccache serves a copied or moved project (CI workspaces, a team's second checkout): the unity
+    files include their sources by relative path, and the build tells ccache the project's root."""
+    root, _, _ = with_units
+    for unit in (root / "build" / "unity").glob("*.cpp"):
+        includes = [ln for ln in unit.read_text().splitlines() if ln.startswith("#include")]
+        assert includes and all('"../../csrc/' in ln for ln in includes), includes
+    assert build._env(root=root)["CCACHE_BASEDIR"] == str(root.resolve())
+
+
 def test_a_setup_py_without_the_unity_command_goes_through_setup_py(with_units):
     root, env, record = with_units
     setup_py = root / "setup.py"
