@@ -242,6 +242,7 @@ class AmpSetResult:
     previous: str  # "none" when the operator was not in the table
     built: bool = False
     tested: bool = False
+    unbuilt: bool = False  # the policy was already recorded but not built: this run built it
 
 
 def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it: bool = True, test_it: bool = True,
@@ -254,7 +255,8 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
     amp.check_supported(project.template_version)
     policy = amp.check_policy(policy)
     with project.lock():
-        consistency.require_files(project, consistency.inspect(project))
+        state = consistency.inspect(project)
+        consistency.require_files(project, state)
         db = load_opdb()
         addop.check_torch(project, db)
         op = db.resolve(name)
@@ -263,8 +265,12 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
         result = AmpSetResult(project.root, op.qualified, policy, previous)
         registration.needs_rewrite(project, db)  # refuses a registration file edited by hand
         if previous == policy:
-            return result
-        if policy == "none":
+            # recorded but not built (a run killed before its build): this run finishes the job
+            result.unbuilt = (f"amp {op.name}={policy}" in state.unbuilt if policy != "none"
+                              else any(e.startswith(f"amp {op.name}=") for e in state.removed))
+            if not (result.unbuilt and build_it):
+                return result
+        elif policy == "none":
             table.pop(op.name, None)
         else:
             table[op.name] = policy
@@ -272,8 +278,10 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
         tx = addop.edit_transaction(project)
         try:
             with rep.step("write"), addop.writes(project.root, "the project was left as it was"):
-                registration.write(project, db, tx)
-                tx.write(project.metadata_path, project.metadata_text())
+                if not result.unbuilt:
+                    registration.write(project, db, tx)
+                    tx.write(project.metadata_path, project.metadata_text())
+                    faults.reached("amp:written")
             if build_it:
                 with rep.step("build"):
                     build.build(project.root, project.package, project.data["dist_name"])

@@ -320,8 +320,12 @@ def amp_set_cmd(
 
     res = api.amp_set(op, policy, project, build_it=not no_build, test_it=not no_test, reporter=_reporter())
     con = _out()
-    if res.previous == res.policy:
+    if res.previous == res.policy and not res.unbuilt:
         con.print(f"{res.op} is already {res.policy}: nothing to do")
+        return
+    if res.unbuilt:
+        state = "built and tested" if res.tested else "built" if res.built else "not built: run backendgen build"
+        con.print(f"{res.op} was recorded as {res.policy} but not built ({state})")
         return
     state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
     con.print(f"{res.op}: {res.previous} -> {res.policy} ({state})")

@@ -7,7 +7,8 @@ ACTION once — `SIGTERM`, `SIGHUP`, `SIGINT` or `SIGKILL` sends that signal to 
 group) is appended to FILE as `PHASE PID`, so a test can wait for a phase and check afterwards that
 no child outlived the command. Unset (always, outside tests), `reached` does nothing.
 
-Phases: `add-op:written` (add-op's files and record written, before its build), `new:rendered`
+Phases: `add-op:written` (add-op's files and record written, before its build), `amp:written` (the
+same for `amp set`), `new:rendered`
 (the project moved into place, before its build), `build:child` (a program of the build or its
 tests started: pip, setup.py, ninja, the link, pytest), `build:install` (before the built library
 is copied into the package), `build:done` (the build succeeded, before its state is recorded).

@@ -351,3 +351,21 @@ def test_what_a_schema_writes_parses(rendered_copy):
     for f in res.files:
         if f.suffix == ".py":
             compile(ast.parse(f.read_text()), str(f), "exec")
+
+
+def test_amp_set_killed_before_its_build_is_finished_by_the_rerun(killed_and_rerun):
+    """amp set recorded a policy and was killed before building it: the same amp set again builds it
+    (it answered "already …: nothing to do" before), and then there is nothing left to do."""
+    root, _ = killed_and_rerun
+    killed = run_cli("amp", "set", "add.Tensor", "lower_precision_fp", "--project", str(root),
+                     env={"BACKENDGEN_FAULT": "amp:written=SIGKILL"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert json.loads((root / "backendgen.json").read_text())["amp"]["add.Tensor"] == "lower_precision_fp"
+    unbuilt = [f for f in api.check(root).findings if f.severity.value == "error"]
+    assert any("add.Tensor" in f.message or "add.Tensor" in f.subject for f in unbuilt), unbuilt
+    rerun = run_cli("amp", "set", "add.Tensor", "lower_precision_fp", "--no-test", "--project", str(root))
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "was recorded as lower_precision_fp but not built (built)" in rerun.stdout, rerun.stdout
+    assert api.check(root).exit_code == 0
+    again = run_cli("amp", "set", "add.Tensor", "lower_precision_fp", "--project", str(root))
+    assert again.returncode == 0 and "already lower_precision_fp: nothing to do" in again.stdout, again.stdout
