@@ -142,19 +142,26 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         assert new.returncode == 0 and "built and tested" in new.stdout, new.stdout + new.stderr
         assert "note:" not in new.stdout  # a tested torch gets no "untested" note
         project = work / f"torch-{device}"
-        add = venv.run("backendgen", "add-op", *ADD_OPS, cwd=project)
-        assert add.returncode == 0 and "built and tested" in add.stdout, add.stdout + add.stderr
+        # kernels, the backend's own operator with a backward and an autocast policy, typed by this
+        # torch's torchgen, written first; the autograd override's add-op then builds them all (one
+        # build, not four) and runs its tests; every other generated test (gradcheck, FakeTensorMode,
+        # torch.compile with aot_eager, the policy under autocast) runs below with this torch
+        add = venv.run("backendgen", "add-op", *ADD_OPS, "--no-build", cwd=project)
+        assert add.returncode == 0, add.stdout + add.stderr
         for op in ("aten::abs.out", "aten::topk.values", "aten::index.Tensor_out", "aten::cat.out"):
             assert op in add.stdout
-        # the backend's own operator with a backward, an autograd override and an autocast policy,
-        # typed by this torch's torchgen; their generated tests (gradcheck, FakeTensorMode,
-        # torch.compile with aot_eager) run inside each command
-        for extra in ([f"{device}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor", "--body",
-                       "x * alpha + at::sin(x)", "--autograd"], ["aten::hypot", "--autograd"]):
-            added = venv.run("backendgen", "add-op", *extra, cwd=project)
-            assert added.returncode == 0 and "built and tested" in added.stdout, added.stdout + added.stderr
-        policy = venv.run("backendgen", "amp", "set", "add.Tensor", "lower_precision_fp", cwd=project)
-        assert policy.returncode == 0 and "built and tested" in policy.stdout, policy.stdout + policy.stderr
+        own = venv.run("backendgen", "add-op", f"{device}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor",
+                       "--body", "x * alpha + at::sin(x)", "--autograd", "--no-build", cwd=project)
+        assert own.returncode == 0, own.stdout + own.stderr
+        policy = venv.run("backendgen", "amp", "set", "add.Tensor", "lower_precision_fp", "--no-build", cwd=project)
+        assert policy.returncode == 0, policy.stdout + policy.stderr
+        added = venv.run("backendgen", "add-op", "aten::hypot", "--autograd", cwd=project)
+        assert added.returncode == 0 and "built and tested" in added.stdout, added.stdout + added.stderr
+        generated = venv.run(str(venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops",
+                             "tests/test_amp_policies.py", cwd=project)
+        assert generated.returncode == 0 and "failed" not in generated.stdout, generated.stdout[-4000:]
+        for name in ("abs", "topk", "index", "cat", "scale"):
+            assert list((project / "tests" / "ops").glob(f"test_*{name}*.py")), name  # the tests that ran
         check = venv.run("backendgen", "check", cwd=project)
         assert check.returncode == 0, check.stdout + check.stderr
         _no_traceback(check)
