@@ -20,6 +20,7 @@ one `import torch`; it is started first, and the operator database loads while i
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -464,8 +465,15 @@ def _registered_here(dispatch_line: str, project: Project, source: str) -> bool:
     m = _REGISTERED_AT.search(dispatch_line)
     if m is None:
         return False
-    at = Path(m.group(1)).resolve()
-    return at in {(project.root / REGISTRATION_FILE).resolve(), (project.root / source).resolve()}
+    at = Path(m.group(1))
+    if not at.is_absolute():
+        # built through ccache with the project as its base directory (build.py): the path is relative
+        # to the compiler's directory, e.g. ../unity/../../csrc/...; its part inside the project counts
+        parts = os.path.normpath(at).split(os.sep)
+        while parts and parts[0] == "..":
+            parts.pop(0)
+        return "/".join(parts) in {REGISTRATION_FILE, source}
+    return at.resolve() in {(project.root / REGISTRATION_FILE).resolve(), (project.root / source).resolve()}
 
 
 def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered: set[str], list_ops: bool) -> None:

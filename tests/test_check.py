@@ -249,3 +249,20 @@ def test_device_module_reads_found_in_torch_sources():
     # everything the installed torch reads is either provided by the template or explained
     unexplained = set(devmodule.required(reads, m.device_module_not_needed)) - set(m.device_module_provides)
     assert unexplained == set()
+
+
+def test_where_a_kernel_was_registered_is_read_absolute_or_relative_to_the_build(rendered_project):
+    """A build served by ccache (the project as its base directory) records source paths relative to
+    the compiler's directory; either form must name the project's registration file or the kernel's."""
+    from backendgen import check as check_module
+    from backendgen.project import Project
+
+    project = Project.load(rendered_project)
+    source = "csrc/aten/ops/abs.cpp"
+    assert check_module._registered_here(
+        "PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/ops/generated/registration.cpp:12", project, source)
+    assert check_module._registered_here(f"PrivateUse1: fn [kernel] registered at ../unity/../../{source}:3", project, source)
+    assert not check_module._registered_here("PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/other.cpp:3",
+                                             project, source)
+    assert check_module._registered_here(f"PrivateUse1: fn [kernel] registered at {rendered_project / source}:3", project, source)
+    assert not check_module._registered_here(f"PrivateUse1: fn [kernel] registered at /elsewhere/{source}:3", project, source)
