@@ -179,8 +179,13 @@ def cpu_args(op: Op) -> str:
     return "scalars" if op.tensor_iterator and not op.precomputed else "allowed"
 
 
-def device_setup(op: Op, *, features: frozenset[str] | None = None) -> list[str]:
-    """Statements that check `op`'s tensor arguments' devices and make the common one current.
+def _queued_kernels(features: frozenset[str] | None) -> bool:
+    return features is None or "queued_kernels" in features
+
+
+def device_setup(op: Op, *, features: frozenset[str] | None = None, stream_scope: bool = True) -> list[str]:
+    """Statements that check `op`'s tensor arguments' devices and make the common one current, then
+    (`stream_scope`) hold the current stream for a body run on the calling thread.
 
     Without the `common_device` feature (template 1's kernel_support.h has no common_device): the
     device of the first tensor argument (or of a list's first tensor), unchecked."""
@@ -197,11 +202,12 @@ def device_setup(op: Op, *, features: frozenset[str] | None = None) -> list[str]
             lines.append(f"at::Tensor {name} = {first.name}.size() ? *{first.name}.begin() : at::Tensor();")
         return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
     check = f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)})'
-    return [
-        f"const c10::Device run_on = {check};",
-        "c10::DeviceGuard guard(run_on);",
-        f'{K}::StreamScope on_stream(run_on, "{op.qualified}");  // runs in order on the current stream',
-    ]
+    lines = [f"const c10::Device run_on = {check};", "c10::DeviceGuard guard(run_on);"]
+    return lines + [stream_scope_line(op)] if stream_scope else lines
+
+
+def stream_scope_line(op: Op) -> str:
+    return f'{K}::StreamScope on_stream(run_on, "{op.qualified}");  // runs in order on the current stream'
 
 
 def view_body(op: Op) -> Body:
@@ -239,15 +245,17 @@ def view_body(op: Op) -> Body:
     )
 
 
-def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str | None = None) -> Body:
+def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str | None = None,
+                stream_scope: bool = True) -> Body:
     """C++ statements that run `op` on host aliases of the device memory (`features`: see device_setup).
     `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher).
-    A view operator gets `view_body`."""
+    A view operator gets `view_body`. `stream_scope`: see device_setup (a queued kernel's body, the
+    path for a torch without a meta kernel, holds the stream itself)."""
     if callee is None and is_view(op):
         if not _common_device(features):
             raise _needs_common_device(op)
         return view_body(op)
-    setup, prelude, epilogue, call_args = device_setup(op, features=features), [], [], []
+    setup, prelude, epilogue, call_args = device_setup(op, features=features, stream_scope=stream_scope), [], [], []
     writes: list[str] = []
     device_expr = "run_on" if setup else None
     for a in op.args:
@@ -312,6 +320,157 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
     return Body(setup, prelude, f"auto result = {call};", epilogue, "result")
 
 
+# --- queued kernels ------------------------------------------------------------------------------
+
+# Operators whose kernel the host must wait for, by their tags in native_functions.yaml: output
+# sizes that depend on the data (nonzero, unique, masked_select), a value for the host (item,
+# equal), metadata changed in place (t_, squeeze_), random numbers drawn from a generator the host
+# reads (bernoulli_, dropout: the generator's state must advance in host order).
+_HOST_WAITS_TAGS = {"dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded"}
+_QUEUED_ARGS = {ArgKind.TENSOR, ArgKind.MUTABLE_TENSOR, ArgKind.OPTIONAL_TENSOR, ArgKind.TENSOR_LIST,
+                ArgKind.OPTIONAL_TENSOR_LIST, ArgKind.VALUE}
+# What a queued kernel's closure keeps of a tensor argument (kernels::held's result type).
+_HELD_TYPE = {
+    ArgKind.TENSOR: "at::Tensor",
+    ArgKind.MUTABLE_TENSOR: "at::Tensor",
+    ArgKind.OPTIONAL_TENSOR: "::std::optional<at::Tensor>",
+    ArgKind.TENSOR_LIST: "::std::vector<at::Tensor>",
+    ArgKind.OPTIONAL_TENSOR_LIST: "c10::List<::std::optional<at::Tensor>>",
+}
+
+
+@dataclass
+class QueuedBody:
+    """A kernel that decides its outputs on the host and queues its computation (kernel.cpp.j2)."""
+
+    meta_decls: list[str]  # the meta tensors of the written arguments and of the results
+    meta_call: str  # the operator on meta tensors: checks the arguments, decides the outputs
+    on_host: list[str]  # allocate the results, give written arguments their new geometry
+    captures: list[str]  # what the queued computation keeps
+    work: list[str]  # the queued computation
+    ret: str | None
+
+
+def queued(op: Op, *, features: frozenset[str] | None = None) -> bool:
+    """Whether `op`'s kernel is queued on the stream (else it runs on the calling thread)."""
+    if not _queued_kernels(features) or not _common_device(features) or is_view(op):
+        return False
+    if _HOST_WAITS_TAGS & set(op.tags) or any(a.kind not in _QUEUED_ARGS for a in op.args):
+        return False
+    if any("Generator" in a.cpp_type for a in op.args):
+        return False
+    return _return_kind(op) is not None and any(a.kind.holds_tensors for a in op.args)
+
+
+def _return_kind(op: Op) -> str | None:
+    ret = op.returns_cpp
+    if ret == "void" or ret == "at::Tensor &" or ret == "at::Tensor" or ret == "::std::vector<at::Tensor>":
+        return ret
+    if ret.startswith("::std::tuple<"):
+        parts = _split_tuple(ret)
+        if all(p == "at::Tensor" for p in parts):
+            return "tuple"
+        if all(p == "at::Tensor &" for p in parts):
+            return "tuple &"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _aten_ops_headers() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    directory = Path(next(iter(spec.submodule_search_locations))) / "include" / "ATen" / "ops"
+    return directory if directory.is_dir() else None
+
+
+def meta_function(op: Op) -> str | None:
+    """The C++ meta function of a structured operator's out= or functional overload
+    (`at::meta::<root>_outf` / `at::meta::<root>`, in the installed torch's
+    ATen/ops/<root>_meta_dispatch.h), if it has one. The pre-pass calls it directly: through the
+    dispatcher, torch's Python meta registrations (torch/_meta_registrations.py) shadow the C++
+    kernel for many operators and cost a hundred times more."""
+    if op.kind == "out" and op.structured:
+        suffix = "_outf"
+    elif op.kind == "functional" and op.structured_delegate:
+        suffix = ""
+    else:
+        return None
+    symint = any("SymInt" in a.cpp_type for a in op.args)
+    name = f"{op.root}{'_symint' if symint else ''}{suffix}"
+    headers = _aten_ops_headers()
+    header = headers / f"{op.root}_meta_dispatch.h" if headers is not None else None
+    if header is None or not header.is_file() or f" {name}(" not in header.read_text():
+        return None
+    return f"at::meta::{name}"
+
+
+def queued_body(op: Op) -> QueuedBody:
+    """The queued form of `op`'s kernel (call only when `queued(op)`)."""
+    meta_decls, meta_args, on_host, captures, call_args = [], [], [], [], []
+    writes = []
+    for a in op.args:
+        k, n = a.kind, a.name
+        if k.holds_tensors:
+            if a.is_write or k is ArgKind.MUTABLE_TENSOR:
+                held = _HELD_TYPE[k] if k is not ArgKind.TENSOR_LIST else "::std::vector<at::Tensor>"
+                meta_decls.append(f"{held} {n}_m = {K}::meta_like({n});")
+                meta_args.append(f"{n}_m")
+                on_host.append(f"{K}::adopt_geometry({n}, {n}_m);")
+                writes.append(n)
+            else:
+                meta_args.append(f"{K}::meta_like({n})")
+            captures.append(f"{n} = {K}::held({n})")
+        else:
+            meta_args.append(n)
+            captures.append(f"{n} = {K}::keep({n})")
+        call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
+    call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
+    meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
+    kind = _return_kind(op)
+    if kind in ("void", "at::Tensor &", "tuple &"):
+        ret = None if kind == "void" else writes[0] if kind == "at::Tensor &" else f"::std::forward_as_tuple({', '.join(writes)})"
+        return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret)
+    if kind == "at::Tensor":
+        return QueuedBody(meta_decls + ["at::Tensor result_m;"], f"result_m = {meta_call}",
+                          on_host + [f"at::Tensor result = {K}::empty_like_meta(result_m, run_on);"],
+                          captures + [f"result_h = {K}::held(result)"],
+                          [f"{K}::copy_result(result_h.get(), {call});"], "result")
+    if kind == "::std::vector<at::Tensor>":
+        return QueuedBody(meta_decls + ["::std::vector<at::Tensor> result_m;"], f"result_m = {meta_call}",
+                          on_host + [f"::std::vector<at::Tensor> result = {K}::empty_like_meta(result_m, run_on);"],
+                          captures + [f"result_h = {K}::held(at::TensorList(result))"],
+                          [f"{K}::copy_result(result_h.get(), {call});"], "result")
+    parts = _split_tuple(op.returns_cpp)
+    on_host = on_host + [f"at::Tensor result{i} = {K}::empty_like_meta(::std::get<{i}>(result_m), run_on);"
+                         for i in range(len(parts))]
+    captures = captures + [f"result{i}_h = {K}::held(result{i})" for i in range(len(parts))]
+    work = [f"auto result = {call};"] + [f"{K}::copy_result(result{i}_h.get(), ::std::get<{i}>(result));"
+                                        for i in range(len(parts))]
+    return QueuedBody(meta_decls + [f"{op.returns_cpp} result_m;"], f"result_m = {meta_call}", on_host, captures,
+                      work, f"{op.returns_cpp}({', '.join(f'result{i}' for i in range(len(parts)))})")
+
+
+def _queued_functional(f: Op, out: Op) -> QueuedBody:
+    """The queued kernel of structured functional `f`: PyTorch's meta function (`f.meta_class`) runs
+    on the device tensors themselves and allocates the outputs in device memory (`meta.outputs`), as
+    CUDA's structured kernels do; the queued computation is the out= operator `out` on host aliases
+    (the CPU's kernel, into outputs of the right size)."""
+    captures = [f"{a.name} = {K}::{'held' if a.kind.holds_tensors else 'keep'}({a.name})" for a in f.args]
+    passed = {a.name: (f"{a.name}.get()" if a.kind.holds_tensors else f"{K}::pass({a.name})") for a in f.args}
+    outputs = 1 if f.returns_cpp == "at::Tensor" else len(_split_tuple(f.returns_cpp))
+    written = iter(range(outputs))
+    out_args = [f"result{next(written)}_h.get()" if a.is_write else passed[a.name] for a in out.args]
+    call = f"at::_ops::{out.ops_struct}::call({', '.join(out_args)})"
+    on_host = [f"meta.meta({', '.join(f.meta_args or ())});"]
+    results = [f"meta.outputs[{i}]" for i in range(outputs)]
+    ret = results[0] if outputs == 1 else f"{f.returns_cpp}({', '.join(results)})"
+    return QueuedBody([], "", on_host, captures + [f"result{i}_h = {K}::held(meta.outputs[{i}])"
+                                                   for i in range(outputs)], [call + ";"], ret)
+
+
 @dataclass
 class FunctionalBody:
     cls: str  # the kernel's class: the CPU structured class with device outputs
@@ -325,6 +484,10 @@ class FunctionalBody:
     setup: list[str]
     host_call_args: list[str]
     ret: str
+    # queued (template 11 on): the launch's state (members), how it is filled (keeps), and meta's and
+    # impl's arguments taken from it
+    queued: bool = False
+    launch: QueuedBody | None = None
 
 
 def functional_body(plan: KernelPlan) -> FunctionalBody | None:
@@ -338,6 +501,21 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
     host_args = [f"{K}::host_alias({a.name})" if a.kind.host_aliased else a.name for a in f.args]
     host_fn = f"{f.cpp_name}_on_host"
     meta_args = list(f.meta_args or ())
+    if (_queued_kernels(plan.features) and not (_HOST_WAITS_TAGS & set(f.tags)) and f.meta_class
+            and f.meta_args is not None and queued(plan.target, features=plan.features)):
+        return FunctionalBody(
+            cls=f"{f.cpp_name}_meta", base=f.meta_class, tensor_iterator=plan.target.tensor_iterator,
+            outputs=outputs, host_signature="", host_fn="", meta_args=meta_args, impl_args=[],
+            setup=device_setup(f, stream_scope=False), host_call_args=[], ret="", queued=True,
+            launch=_queued_functional(f, plan.target))
+    return FunctionalBody(
+            cls=f"{f.cpp_name}_kernel", base=plan.target.cpu_structured_class or "",
+            tensor_iterator=plan.target.tensor_iterator, outputs=outputs, host_signature="", host_fn="",
+            meta_args=meta_args, impl_args=[], setup=device_setup(f, stream_scope=False), host_call_args=[], ret="",
+            queued=True, launch_cls=f"{f.cpp_name}_launch", members=members, keeps=keeps,
+            queued_meta_args=from_k, queued_impl_args=from_k + [f"k->op.host[{i}]" for i in range(outputs)],
+            queued_ret=queued_ret,
+        )
     return FunctionalBody(
         cls=f"{f.cpp_name}_kernel",
         base=plan.target.cpu_structured_class or "",
@@ -396,16 +574,25 @@ def completing_headers(op: Op) -> list[str]:
 def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str,
                   ops_dir: Path | None = None) -> str:
     op = plan.target
-    body = kernel_body(op, features=plan.features)
+    launch = queued_body(op) if queued(op, features=plan.features) else None
+    body = kernel_body(op, features=plan.features, stream_scope=launch is None)
+    headers = completing_headers(op)
+    functional = functional_body(plan)
+    if launch is not None and meta_function(op) is not None:
+        headers.append(f"ATen/ops/{op.root}_meta_dispatch.h")
+    if functional is not None and functional.queued:
+        headers.append(f"ATen/ops/{plan.functional.root}_meta.h")
     return _env(ops_dir).get_template("kernel.cpp.j2").render(
+        queued=launch,
+        stream_scope=stream_scope_line(op),
         device=device,
         torch_version=torch_version,
         op=op,
         plan=plan,
         body=body,
         view_base=view_base(op).name if plan.view else None,
-        headers=completing_headers(op),
-        functional=functional_body(plan),
+        headers=headers,
+        functional=functional,
         namespace=_kernel_namespace(op),
         source_path=source_path,
     )

@@ -21,7 +21,7 @@ from backendgen.environment import installed_torch
 from backendgen.errors import EnvironmentProblem, UnknownOpError, UserError
 from backendgen.files import sha256_of, write_atomic
 
-CACHE_FORMAT = 7
+CACHE_FORMAT = 8
 _OP_NAME = re.compile(r"^(?:aten::)?([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
 
 
@@ -168,6 +168,9 @@ class Op:
     # For the functional overload of such a group: its meta function's arguments, as C++
     # expressions of the functional kernel's own parameters (torchgen's translate).
     meta_args: tuple[str, ...] | None = None
+    # For that functional overload: PyTorch's meta class of its group (at::meta::structured_…, in
+    # ATen/ops/<root>_meta.h), whose meta() a kernel runs on the device tensors themselves.
+    meta_class: str | None = None
     namespace: str = "aten"  # a backend's own operators (backendgen.customop) live in its device's namespace
 
     @property
@@ -194,7 +197,7 @@ class Op:
 
 def _derive_ops(info: TorchInfo) -> list[Op]:
     try:
-        from torchgen.api import native, structured
+        from torchgen.api import meta as meta_api, native, structured
         from torchgen.api.translate import translate
         from torchgen.api.types import DispatcherSignature
         from torchgen.context import native_function_manager
@@ -212,6 +215,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
     cpu = indices[DispatchKey.CPU]
     cpu_class: dict[str, str] = {}  # out= overload -> its CPU structured class
     meta_args: dict[str, tuple[str, ...]] = {}  # functional overload -> meta() arguments
+    meta_class: dict[str, str] = {}  # functional overload -> its group's meta class (at::meta::structured_…)
     tensor_iterator: set[str] = set()  # overloads of groups whose meta function is a TensorIterator
     precomputed: set[str] = set()  # overloads of groups whose meta function precomputes kernel arguments
     for g in get_grouped_native_functions(parsed.native_functions):
@@ -233,6 +237,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
                 continue
         cpu_class[str(g.out.func.name)] = f"{meta.cpp_namespace}::structured_{meta.kernel}"
         meta_args[str(g.functional.func.name)] = args
+        meta_class[str(g.functional.func.name)] = f"at::meta::structured_{meta_api.name(g)}"
     ops = []
     for f in parsed.native_functions:
         with native_function_manager(f):
@@ -275,6 +280,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
                     precomputed=str(f.func.name) in precomputed,
                     cpu_structured_class=cpu_class.get(str(f.func.name)),
                     meta_args=meta_args.get(str(f.func.name)),
+                    meta_class=meta_class.get(str(f.func.name)),
                 )
             )
     return ops

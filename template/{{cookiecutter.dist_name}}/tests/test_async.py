@@ -64,7 +64,8 @@ def test_waiting_on_an_event_orders_two_streams(mod):
         done = a.record_event()
     with mod.stream(b):
         b.wait_event(done)
-        y = x * 2  # runs on b after a's copy
+        y = x * 2  # queued on b, after a's copy
+    torch.accelerator.current_stream().wait_stream(b)  # y is b's: the current stream waits for it
     assert torch.equal(y.cpu(), torch.full((N,), 6.0))
 
 

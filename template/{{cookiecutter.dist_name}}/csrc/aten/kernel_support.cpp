@@ -33,18 +33,34 @@ void* host_bytes(const c10::Storage& st) {
   return host;
 }
 
-// A CPU tensor over the memory of device tensor `t`, sharing nothing with it but the bytes.
-at::Tensor make_alias(const at::Tensor& t) {
+// What a host alias is made of: the host address of a device storage's bytes and a tensor's
+// geometry on them.
+struct Geometry {
+  void* host;
+  size_t nbytes;
+  c10::IntArrayRef sizes, strides;
+  int64_t offset;
+  caffe2::TypeMeta dtype;
+  bool conj, neg;
+};
+
+Geometry geometry_of(const at::Tensor& t) {
   const c10::Storage& st = t.storage();
+  return Geometry{host_bytes(st), st.nbytes(), t.sizes(), t.strides(), t.storage_offset(), t.dtype(), t.is_conj(),
+                  t.is_neg()};
+}
+
+// A CPU tensor over the given memory, sharing nothing with the device tensor but the bytes.
+at::Tensor make_alias(const Geometry& g) {
   // Non-owning: the device allocator frees the memory; resizable, so an out= kernel may grow it
   // (write_back notices and moves the result to device memory).
-  c10::Storage host(c10::Storage::use_byte_size_t(), st.nbytes(),
-                    c10::DataPtr(host_bytes(st), c10::Device(c10::DeviceType::CPU)), c10::GetCPUAllocator(), /*resizable=*/true);
+  c10::Storage host(c10::Storage::use_byte_size_t(), g.nbytes, c10::DataPtr(g.host, c10::Device(c10::DeviceType::CPU)),
+                    c10::GetCPUAllocator(), /*resizable=*/true);
   auto h = at::detail::make_tensor<c10::TensorImpl>(std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                                    t.dtype());
-  h.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  if (t.is_conj()) h._set_conj(true);
-  if (t.is_neg()) h._set_neg(true);
+                                                    g.dtype);
+  h.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  if (g.conj) h._set_conj(true);
+  if (g.neg) h._set_neg(true);
   return h;
 }
 
@@ -61,34 +77,38 @@ bool is_free(const at::Tensor& alias) {
          impl->autograd_meta() == nullptr && !impl->is_wrapped_number() && impl->pyobj_slot()->load_pyobj() == nullptr;
 }
 
-void repoint(const at::Tensor& alias, const at::Tensor& t) {
+void repoint(const at::Tensor& alias, const Geometry& g) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-  const c10::Storage& st = t.storage();
   // Drops whatever the alias pointed at; if an out= kernel had grown it, that frees the CPU memory.
-  storage->set_data_ptr_noswap(c10::DataPtr(host_bytes(st), c10::Device(c10::DeviceType::CPU)));
-  storage->set_nbytes(st.nbytes());
-  if (impl->dtype() != t.dtype()) impl->set_storage_and_dtype(impl->storage(), t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-  impl->_set_conj(t.is_conj());
-  impl->_set_neg(t.is_neg());
+  storage->set_data_ptr_noswap(c10::DataPtr(g.host, c10::Device(c10::DeviceType::CPU)));
+  storage->set_nbytes(g.nbytes);
+  if (impl->dtype() != g.dtype) impl->set_storage_and_dtype(impl->storage(), g.dtype);
+  impl->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  impl->_set_conj(g.conj);
+  impl->_set_neg(g.neg);
+}
+
+// A host alias from this thread's pool (see above), or a new one when every slot is in use.
+at::Tensor pooled_alias(const Geometry& g) {
+  for (at::Tensor& slot : alias_pool) {
+    if (!slot.defined()) {
+      slot = make_alias(g);
+      return slot;
+    }
+    if (is_free(slot)) {
+      repoint(slot, g);
+      return slot;
+    }
+  }
+  return make_alias(g);  // more aliases alive than the pool holds
 }
 
 }  // namespace
 
 at::Tensor host_alias(const at::Tensor& t) {
   if (!on_device(t)) return t;
-  for (at::Tensor& slot : alias_pool) {
-    if (!slot.defined()) {
-      slot = make_alias(t);
-      return slot;
-    }
-    if (is_free(slot)) {
-      repoint(slot, t);
-      return slot;
-    }
-  }
-  return make_alias(t);  // more aliases alive than the pool holds
+  return pooled_alias(geometry_of(t));
 }
 
 at::Tensor borrowed(const at::Tensor& t) {
@@ -220,6 +240,185 @@ StreamScope::StreamScope(c10::Device device, const char* name)
 }
 
 StreamScope::~StreamScope() { driver::leave_stream(device_, stream_, name_); }
+
+void launch(c10::Device device, const char* name, std::function<void()> work) {
+  const int index = device.index() >= 0 ? device.index() : runtime::current_device();
+  {{ cookiecutter.DEVICE }}_CHECK(driver::launch(index, runtime::current_stream_id(static_cast<c10::DeviceIndex>(index)),
+                                                 name, std::move(work)));
+}
+
+at::Tensor meta_like(const at::Tensor& t) {
+  // CPU scalars (a Python number is a 0-dim "wrapped number") go as they are: every device's
+  // kernels, meta's included, take them beside their own tensors.
+  if (!t.defined() || (t.is_cpu() && t.dim() == 0)) return t;
+  const c10::Device meta(c10::DeviceType::Meta);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.has_storage() ? t.storage().nbytes() : 0,
+                       c10::DataPtr(nullptr, meta), c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+  auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                    t.dtype());
+  m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) m._set_conj(true);
+  if (t.is_neg()) m._set_neg(true);
+  return m;
+}
+
+std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return t;
+  return meta_like(*t);
+}
+
+std::vector<at::Tensor> meta_like(at::ITensorListRef ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const at::Tensor& t : ts) out.push_back(meta_like(t));
+  return out;
+}
+
+std::vector<at::Tensor> meta_like(at::TensorList ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const at::Tensor& t : ts) out.push_back(meta_like(t));
+  return out;
+}
+
+c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at::Tensor>>& ts) {
+  c10::List<std::optional<at::Tensor>> out;
+  out.reserve(ts.size());
+  for (const std::optional<at::Tensor>& t : ts) out.push_back(meta_like(t));
+  return out;
+}
+
+bool on_meta(const std::function<void()>& pre_pass) {
+  try {
+    pre_pass();
+    return true;
+  } catch (const c10::NotImplementedError&) {
+    return false;  // no Meta kernel in the installed torch
+  }
+}
+
+at::Tensor empty_like_meta(const at::Tensor& meta, c10::Device device) {
+  if (!meta.defined()) return meta;
+  c10::DeviceGuard guard(device);
+  at::Tensor out = empty_device(meta.sizes(), meta.strides(), c10::TensorOptions().dtype(meta.dtype()));
+  if (meta.storage_offset() != 0) {  // a result at an offset into its storage (rare): same geometry
+    grow_storage(out.storage(),
+                 at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), meta.dtype().itemsize(),
+                                                  meta.storage_offset()),
+                 device);
+    out.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> empty_like_meta(const std::vector<at::Tensor>& meta, c10::Device device) {
+  std::vector<at::Tensor> out;
+  out.reserve(meta.size());
+  for (const at::Tensor& m : meta) out.push_back(empty_like_meta(m, device));
+  return out;
+}
+
+void adopt_geometry(const at::Tensor& device_t, const at::Tensor& meta) {
+  if (!on_device(device_t) || !meta.defined()) return;
+  if (meta.sizes() == device_t.sizes() && meta.strides() == device_t.strides() &&
+      meta.storage_offset() == device_t.storage_offset()) {
+    return;
+  }
+  const size_t needed = meta.numel() == 0 ? 0
+      : at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), device_t.dtype().itemsize(), meta.storage_offset());
+  grow_storage(device_t.storage(), needed, device_t.device());
+  device_t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+}
+
+void adopt_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta) {
+  size_t i = 0;
+  for (const at::Tensor& t : device_ts) adopt_geometry(t, meta.at(i++));
+}
+
+Held::Held(const at::Tensor& t) {
+  if (!on_device(t)) {
+    if (t.defined()) {
+      tensor_ = t.clone();
+      if (t.unsafeGetTensorImpl()->is_wrapped_number()) tensor_.unsafeGetTensorImpl()->set_wrapped_number(true);
+    }
+    return;
+  }
+  const c10::Storage& st = t.storage();
+  device_ = true;
+  memory_ = st.data();
+  nbytes_ = st.nbytes();
+  sizes_.assign(t.sizes().begin(), t.sizes().end());
+  strides_.assign(t.strides().begin(), t.strides().end());
+  offset_ = t.storage_offset();
+  dtype_ = t.dtype();
+  conj_ = t.is_conj();
+  neg_ = t.is_neg();
+}
+
+at::Tensor& Held::get() {
+  if (device_ && !tensor_.defined()) {
+    tensor_ = pooled_alias(Geometry{memory_ != nullptr ? driver::host_address(memory_) : nullptr, nbytes_, sizes_,
+                                    strides_, offset_, dtype_, conj_, neg_});
+  }
+  return tensor_;
+}
+
+HeldOptional::HeldOptional(const std::optional<at::Tensor>& t) {
+  if (t.has_value()) held_.emplace(*t);
+}
+
+std::optional<at::Tensor>& HeldOptional::get() {
+  if (held_.has_value() && !value_.has_value()) value_ = held_->get();
+  return value_;
+}
+
+HeldList::HeldList(at::ITensorListRef ts) {
+  held_.reserve(ts.size());
+  for (const at::Tensor& t : ts) held_.emplace_back(t);
+}
+
+HeldList::HeldList(at::TensorList ts) {
+  held_.reserve(ts.size());
+  for (const at::Tensor& t : ts) held_.emplace_back(t);
+}
+
+std::vector<at::Tensor>& HeldList::get() {
+  if (values_.size() != held_.size()) {
+    values_.clear();
+    values_.reserve(held_.size());
+    for (Held& h : held_) values_.push_back(h.get());
+  }
+  return values_;
+}
+
+HeldOptionalList::HeldOptionalList(const c10::List<std::optional<at::Tensor>>& ts) {
+  held_.reserve(ts.size());
+  for (const std::optional<at::Tensor>& t : ts) {
+    held_.push_back(t.has_value() ? std::optional<Held>(Held(*t)) : std::nullopt);
+  }
+}
+
+HeldList held(at::ITensorListRef ts) { return HeldList(ts); }
+HeldList held(at::TensorList ts) { return HeldList(ts); }
+HeldOptionalList held(const c10::List<std::optional<at::Tensor>>& ts) { return HeldOptionalList(ts); }
+
+c10::List<std::optional<at::Tensor>> HeldOptionalList::get() {
+  c10::List<std::optional<at::Tensor>> values;
+  values.reserve(held_.size());
+  for (std::optional<Held>& h : held_) values.push_back(h.has_value() ? std::optional<at::Tensor>(h->get()) : std::nullopt);
+  return values;
+}
+
+void copy_result(at::Tensor& out_alias, const at::Tensor& result) {
+  if (!out_alias.defined() || out_alias.is_same(result)) return;
+  at::_ops::copy_::call(out_alias, result, false);
+}
+
+void copy_result(std::vector<at::Tensor>& out_aliases, const std::vector<at::Tensor>& results) {
+  TORCH_CHECK(out_aliases.size() == results.size(), "the operator returned ", results.size(),
+              " tensors; its meta kernel promised ", out_aliases.size());
+  for (size_t i = 0; i < results.size(); ++i) copy_result(out_aliases[i], results[i]);
+}
 
 at::Tensor empty_device(c10::IntArrayRef sizes, c10::IntArrayRef strides, const c10::TensorOptions& options) {
   constexpr auto keys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);

@@ -3,10 +3,14 @@
 // The emulated device's memory is host memory behind the driver, so a kernel can view its tensors
 // as CPU tensors without copying (`host_alias`, through driver::host_address), run the CPU kernel
 // on them, and publish the result back (`write_back` for mutated arguments, `to_device` for new
-// results). A kernel body runs as the current stream's next item (`StreamScope`): after the work
-// queued there, before work queued after it. On real hardware kernels launch SDK work instead and
-// need these only for host<->device staging. `common_device`, `empty_device` and `StreamScope` are
-// what any backend's kernels need: argument checks, output allocation and stream order.
+// results). Kernels are asynchronous, as on a chip: a kernel decides its outputs on the host and
+// queues its computation on the current stream (`launch`, below) — so a missing wait_stream,
+// record_stream or synchronize shows here, not first on silicon. A kernel the host must wait for
+// (output sizes that depend on the data, a value returned to the host) runs as the stream's next
+// item on the calling thread (`StreamScope`). On real hardware kernels launch SDK work instead and
+// need host aliases only for host<->device staging. `common_device`, `empty_device`, `launch` and
+// `StreamScope` are what any backend's kernels need: argument checks, output allocation and
+// stream order.
 #pragma once
 
 // Every kernel file includes this header, so it stays narrow: c10::List and c10::IListRef (their
@@ -18,8 +22,11 @@
 #include <c10/core/Device.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/util/SmallVector.h>
 
+#include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {{ cookiecutter.device }}::kernels {
@@ -87,6 +94,130 @@ class StreamScope {
   int64_t stream_;
   const char* name_;
 };
+
+// ---- queued kernels (a launch) ------------------------------------------------------------------
+// A kernel decides its outputs on the host, as a launch on real hardware does: it checks its
+// arguments and computes the outputs' geometry by running the operator on meta tensors
+// (`meta_like`: no memory, PyTorch's own shape rules and error messages), allocates the outputs
+// (`empty_like_meta`, `adopt_geometry`), and then queues its computation on the current stream
+// (`launch`) and returns. The queued work holds the memory and geometry of what it reads and
+// writes (`held`), not the tensors, so — like a kernel on a chip — it does not keep them alive;
+// the stream-ordered caching allocator and record_stream do that, and driver::free waits for
+// queued work before it unmaps memory. An exception the work throws is
+// reported, with `name`, by the next call that waits for the stream (synchronize, a blocking copy).
+
+// Queues `work` on `device`'s current stream; returns at once. `name`: a string literal (profiler, errors).
+void launch(c10::Device device, const char* name, std::function<void()> work);
+
+// A meta tensor with t's sizes, strides, storage offset, dtype and conj/neg bits (CPU tensors too,
+// but for CPU scalars, which every device's kernels take as they are).
+at::Tensor meta_like(const at::Tensor& t);
+std::optional<at::Tensor> meta_like(const std::optional<at::Tensor>& t);
+std::vector<at::Tensor> meta_like(at::ITensorListRef ts);
+std::vector<at::Tensor> meta_like(at::TensorList ts);
+c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at::Tensor>>& ts);
+
+// Runs `pre_pass` (the operator on meta tensors). False if the installed torch has no meta kernel
+// for the operator (it then runs on the calling thread instead); the operator's own errors — a
+// shape mismatch, a bad argument — propagate, raised on the host as on CUDA.
+bool on_meta(const std::function<void()>& pre_pass);
+
+// A new device tensor on `device` with the geometry and dtype the meta pre-pass decided.
+at::Tensor empty_like_meta(const at::Tensor& meta, c10::Device device);
+std::vector<at::Tensor> empty_like_meta(const std::vector<at::Tensor>& meta, c10::Device device);
+// Gives a written device argument the geometry the meta pre-pass gave it (out= resizes), growing
+// its storage if needed, before its host alias is taken.
+void adopt_geometry(const at::Tensor& device_t, const at::Tensor& meta);
+void adopt_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta);
+
+// What queued work keeps of a tensor argument (`held`), and the tensor it passes on when it runs
+// (`get()`): of a device tensor, its memory and geometry at launch — the host alias is made when
+// the work runs, on the worker (so launching costs no tensor) —; of a CPU tensor, a copy taken at
+// launch (as CUDA copies host arguments when it launches), so the caller may change or free it.
+class Held {
+ public:
+  Held() = default;
+  explicit Held(const at::Tensor& t);
+  at::Tensor& get();
+
+ private:
+  at::Tensor tensor_;             // the CPU copy, or the host alias once made
+  bool device_ = false;           // a device tensor (else tensor_ is all there is)
+  const void* memory_ = nullptr;  // its storage's device address
+  size_t nbytes_ = 0;
+  c10::SmallVector<int64_t, 5> sizes_, strides_;
+  int64_t offset_ = 0;
+  caffe2::TypeMeta dtype_;
+  bool conj_ = false, neg_ = false;
+};
+
+class HeldOptional {
+ public:
+  explicit HeldOptional(const std::optional<at::Tensor>& t);
+  std::optional<at::Tensor>& get();
+
+ private:
+  std::optional<Held> held_;
+  std::optional<at::Tensor> value_;
+};
+
+class HeldList {
+ public:
+  explicit HeldList(at::ITensorListRef ts);
+  explicit HeldList(at::TensorList ts);
+  std::vector<at::Tensor>& get();
+
+ private:
+  std::vector<Held> held_;
+  std::vector<at::Tensor> values_;
+};
+
+class HeldOptionalList {
+ public:
+  explicit HeldOptionalList(const c10::List<std::optional<at::Tensor>>& ts);
+  c10::List<std::optional<at::Tensor>> get();  // c10::List is a reference to shared elements
+
+ private:
+  std::vector<std::optional<Held>> held_;
+};
+
+inline Held held(const at::Tensor& t) { return Held(t); }
+inline HeldOptional held(const std::optional<at::Tensor>& t) { return HeldOptional(t); }
+HeldList held(at::ITensorListRef ts);
+HeldList held(at::TensorList ts);
+HeldOptionalList held(const c10::List<std::optional<at::Tensor>>& ts);
+
+// Inside queued work: a result the CPU operator returned -> the host alias of the output the launch
+// allocated.
+void copy_result(at::Tensor& out_alias, const at::Tensor& result);
+void copy_result(std::vector<at::Tensor>& out_aliases, const std::vector<at::Tensor>& results);
+
+// What queued work keeps of a non-tensor argument (`keep`) and how it passes it on (`pass`):
+// array and string views become owning vectors and strings; everything else is kept as it is.
+template <typename T>
+T keep(const T& v) { return v; }
+template <typename T>
+std::vector<T> keep(c10::ArrayRef<T> v) { return v.vec(); }
+template <typename T>
+std::optional<std::vector<T>> keep(const c10::OptionalArrayRef<T>& v) {
+  return v.has_value() ? std::optional<std::vector<T>>(v->vec()) : std::nullopt;
+}
+inline std::string keep(c10::string_view v) { return std::string(v); }
+inline std::optional<std::string> keep(const std::optional<c10::string_view>& v) {
+  return v.has_value() ? std::optional<std::string>(std::string(*v)) : std::nullopt;
+}
+template <typename T>
+const T& pass(const T& v) { return v; }
+template <typename T>
+c10::ArrayRef<T> pass(const std::vector<T>& v) { return v; }
+template <typename T>
+c10::OptionalArrayRef<T> pass(const std::optional<std::vector<T>>& v) {
+  return v.has_value() ? c10::OptionalArrayRef<T>(*v) : c10::OptionalArrayRef<T>();
+}
+inline c10::string_view pass(const std::string& v) { return v; }
+inline std::optional<c10::string_view> pass(const std::optional<std::string>& v) {
+  return v.has_value() ? std::optional<c10::string_view>(*v) : std::nullopt;
+}
 
 // A new tensor in device memory on the current device: contiguous (in `options`' memory format)
 // when `strides` is empty, else with those strides. Takes the allocator directly, not the

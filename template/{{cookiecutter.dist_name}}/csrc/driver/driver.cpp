@@ -211,9 +211,15 @@ Status malloc(int device, void** ptr, size_t bytes) {
   return Status::ok;
 }
 
+namespace streams_impl {
+void wait_for_queued_work(int device);  // streams.cpp
+}  // namespace streams_impl
+
 Status free(void* ptr, int* device, size_t* bytes) {
   if (ptr == nullptr) return Status::ok;
   MemoryState& s = memory();
+  const int owner = pointer_device(ptr);
+  if (owner >= 0) streams_impl::wait_for_queued_work(owner);  // queued kernels may still read it
   Allocation a{};
   {
     std::lock_guard<std::mutex> lock(s.mu);

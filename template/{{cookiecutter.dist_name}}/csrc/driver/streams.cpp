@@ -81,7 +81,9 @@ struct Device {
 
 struct State {
   std::mutex mu;  // everything below, for every device
-  std::condition_variable cv;  // any stream, event or worker changed
+  std::condition_variable cv;  // any stream, event or worker changed (see notify)
+  int waiting = 0;             // threads blocked on cv: notify makes a system call only for them
+  std::atomic<uint64_t> changes{0};  // bumped by notify: an idle worker spins on it before it sleeps
   std::vector<Device> devices;
   bool failed = false;
   std::string error;
@@ -97,13 +99,32 @@ State& state() {
     pthread_atfork(nullptr, nullptr, [] {
       new (&state().mu) std::mutex();  // the child has no workers; the parent's locks mean nothing
       new (&state().cv) std::condition_variable();
+      state().waiting = 0;
     });
     return st;
   }();
   return *s;
 }
 
+// Something a thread may be waiting for changed (mu held). A launch costs no system call while the
+// worker is busy or spinning.
+void notify(State& s) {
+  s.changes.fetch_add(1, std::memory_order_release);
+  if (s.waiting > 0) s.cv.notify_all();
+}
+
+// Blocks on cv until pred() holds (mu held through `lock`).
+template <typename Pred>
+void wait_until_true(State& s, std::unique_lock<std::mutex>& lock, Pred pred) {
+  while (!pred()) {
+    ++s.waiting;
+    s.cv.wait(lock);
+    --s.waiting;
+  }
+}
+
 thread_local uint64_t correlation_id = 0;
+extern thread_local bool on_worker;  // set on the devices' worker threads
 
 bool valid_device(int device) { return device >= 0 && device < device_count(); }
 
@@ -139,8 +160,11 @@ void fail(State& s, const char* name, const char* what) {  // mu held
   s.error = std::string("work queued on the device failed (") + (name ? name : "?") + "): " + what;
 }
 
+constexpr int64_t kSpinUs = 50;  // how long an idle worker watches for work before it sleeps
+
 // The device's "hardware": runs queued work of all its streams until the process ends.
 void worker(int device) {
+  on_worker = true;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
@@ -186,7 +210,7 @@ void worker(int device) {
       }
     }
     if (progressed) {
-      s.cv.notify_all();
+      notify(s);
       continue;
     }
     if (pick != nullptr) {
@@ -212,14 +236,24 @@ void worker(int device) {
       if (tracing) trace(s, item.activity, item.name, device, pick->id, start, end, item.correlation);
       if (error != nullptr) fail(s, item.name, error);
       pick->running = false;
-      s.cv.notify_all();
+      notify(s);
       continue;
     }
+    // Nothing to run: spin a little before sleeping, as a launch usually follows soon (a
+    // host thread launching small kernels then never waits for a wake-up).
+    const uint64_t seen = s.changes.load(std::memory_order_acquire);
+    lock.unlock();
+    const Clock::time_point spin_until = std::min(wake, Clock::now() + std::chrono::microseconds(kSpinUs));
+    while (s.changes.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) std::this_thread::yield();
+    lock.lock();
+    if (s.changes.load(std::memory_order_acquire) != seen) continue;
+    ++s.waiting;
     if (wake == Clock::time_point::max()) {
       s.cv.wait(lock);
     } else {
       s.cv.wait_until(lock, wake);
     }
+    --s.waiting;
   }
 }
 
@@ -244,7 +278,7 @@ Status enqueue(int device, int64_t stream, Item item) {
     std::thread(worker, device).detach();
     d.worker = true;
   }
-  s.cv.notify_all();
+  notify(s);
   return Status::ok;
 }
 
@@ -253,6 +287,22 @@ Status take_failure(State& s) {
   if (!s.failed) return Status::ok;
   s.failed = false;
   return Status::launch_failed;
+}
+
+// Waits until no queued work of `device` runs or waits to run (driver::free, before it unmaps
+// memory queued kernels may still read: cudaFree synchronizes too). Leaves a failure to be
+// reported by the next synchronizing call. A no-op on a worker thread (work freeing memory) and for
+// streams the calling thread holds.
+thread_local bool on_worker = false;
+
+void wait_for_queued_work(int device) {
+  if (on_worker || !valid_device(device)) return;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Device& d = s.devices[device];
+  wait_until_true(s, lock, [&] {
+    return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
+  });
 }
 
 }  // namespace streams_impl
@@ -300,7 +350,7 @@ Status stream_synchronize(int device, int64_t stream) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
-  if (!st->held_by_me()) s.cv.wait(lock, [&] { return st->idle(); });
+  if (!st->held_by_me()) wait_until_true(s, lock, [&] { return st->idle(); });
   return take_failure(s);
 }
 
@@ -310,7 +360,7 @@ Status device_synchronize(int device) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
-  s.cv.wait(lock, [&] {
+  wait_until_true(s, lock, [&] {
     return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
   });
   return take_failure(s);
@@ -354,7 +404,7 @@ Status enter_stream(int device, int64_t stream) {
     ++st->held;
     return Status::ok;
   }
-  s.cv.wait(lock, [&] { return st->idle(); });
+  wait_until_true(s, lock, [&] { return st->idle(); });
   Status failure = take_failure(s);
   if (failure != Status::ok) return failure;
   st->held = 1;
@@ -374,7 +424,7 @@ void leave_stream(int device, int64_t stream, const char* name) {
     trace(s, Activity::kernel, name, device, stream, st->held_since_ns, now_ns(), correlation_id);
   }
   st->held_since_ns = 0;
-  s.cv.notify_all();
+  notify(s);
 }
 
 Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work) {
@@ -461,7 +511,7 @@ Status event_record(void* event, int device, int64_t stream) {
     if (st->idle() || (st->held_by_me() && st->queue.empty())) {  // nothing queued before it
       rec->when = Clock::now();
       rec->done = true;
-      s.cv.notify_all();
+      notify(s);
       return Status::ok;
     }
   }
@@ -481,7 +531,7 @@ Status event_synchronize(void* event) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   std::shared_ptr<Record> rec = static_cast<Event*>(event)->last;
-  if (rec != nullptr) s.cv.wait(lock, [&] { return rec->done; });
+  if (rec != nullptr) wait_until_true(s, lock, [&] { return rec->done; });
   return take_failure(s);
 }
 
