@@ -509,14 +509,6 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
             setup=device_setup(f, stream_scope=False), host_call_args=[], ret="", queued=True,
             launch=_queued_functional(f, plan.target))
     return FunctionalBody(
-            cls=f"{f.cpp_name}_kernel", base=plan.target.cpu_structured_class or "",
-            tensor_iterator=plan.target.tensor_iterator, outputs=outputs, host_signature="", host_fn="",
-            meta_args=meta_args, impl_args=[], setup=device_setup(f, stream_scope=False), host_call_args=[], ret="",
-            queued=True, launch_cls=f"{f.cpp_name}_launch", members=members, keeps=keeps,
-            queued_meta_args=from_k, queued_impl_args=from_k + [f"k->op.host[{i}]" for i in range(outputs)],
-            queued_ret=queued_ret,
-        )
-    return FunctionalBody(
         cls=f"{f.cpp_name}_kernel",
         base=plan.target.cpu_structured_class or "",
         tensor_iterator=plan.target.tensor_iterator,

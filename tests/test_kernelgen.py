@@ -140,21 +140,58 @@ def test_functional_kernel_only_where_the_cpu_class_can_serve_it(db, requested, 
     assert (plan.functional.qualified if plan.functional else None) == functional
 
 
-def test_functional_kernel_computes_the_shape_once_into_device_memory(db):
+def test_functional_kernel_decides_its_outputs_on_the_device_tensors_and_queues_the_out_kernel(db):
     plan = kernelgen.plan_kernel(db, db.resolve("topk"))
     text = kernelgen.render_kernel(plan, device="npu", source_path="csrc/aten/ops/topk_values.cpp", torch_version="x")
-    assert "struct topk_kernel final : at::native::structured_topk_out_cpu {" in text
-    assert "device[i] = kernels::empty_device(sizes, strides, options);" in text
+    # PyTorch's meta class, run on the device tensors; its outputs allocated in device memory
+    assert "struct topk_meta final : at::meta::structured_topk {" in text
+    assert "outputs[i] = kernels::empty_device(sizes, strides, options);" in text
+    assert "#include <ATen/ops/topk_meta.h>" in text
     # SymInt k reaches the meta function as an int, by torchgen's translation
-    assert "op.meta(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted);" in text
-    assert "op.impl(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted, op.host[0], op.host[1]);" in text
+    assert "meta.meta(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted);" in text
+    # the computation is queued: the CPU's out= kernel on what the launch kept, into the outputs
+    assert 'kernels::launch(run_on, "aten::topk", [self = kernels::held(self), k = kernels::keep(k)' in text
+    assert ("at::_ops::topk_values::call(self.get(), kernels::pass(k), kernels::pass(dim), kernels::pass(largest), "
+            "kernels::pass(sorted), result0_h.get(), result1_h.get());") in text
     assert plan.functional.signature + " {" in text
     assert "at::_ops::topk::schema topk;" in text and "decltype(topk), at::_ops::topk::schema>" in text
     # topk's meta is not a TensorIterator: the base class must not be told of the outputs
-    assert "structured_topk_out_cpu::set_output_raw_strided" not in text
+    assert "structured_topk::set_output_raw_strided" not in text
     add = kernelgen.render_kernel(kernelgen.plan_kernel(db, db.resolve("add.out")), device="npu", source_path="x",
                                   torch_version="x")
-    assert "at::native::structured_ufunc_add_CPU::set_output_raw_strided(i, sizes, strides, options);" in add
+    assert "at::meta::structured_add_Tensor::set_output_raw_strided(i, sizes, strides, options);" in add
+
+
+def test_a_project_without_queued_kernels_gets_the_cpu_class_run_on_the_calling_thread(db):
+    features = frozenset(f.name for f in manifest.load().features.values() if f.since <= 10)
+    plan = kernelgen.plan_kernel(db, db.resolve("topk"), features=features)
+    text = kernelgen.render_kernel(plan, device="npu", source_path="csrc/aten/ops/topk_values.cpp", torch_version="x")
+    assert "struct topk_kernel final : at::native::structured_topk_out_cpu {" in text
+    assert "op.impl(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted, op.host[0], op.host[1]);" in text
+    assert "kernels::launch" not in text and "kernels::StreamScope on_stream(run_on" in text
+
+
+def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
+    plan = kernelgen.plan_kernel(db, db.resolve("add.out"))
+    text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x")
+    # the C++ meta function, not the dispatcher's Meta kernel (a Python registration, 100x slower)
+    assert ("if (kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), kernels::meta_like(other), "
+            "alpha, out_m); })) {") in text
+    assert "kernels::adopt_geometry(out, out_m);" in text
+    assert "at::_ops::add_out::call(self.get(), other.get(), kernels::pass(alpha), out.get());" in text
+    # without a meta kernel in the installed torch, the body runs on the calling thread, in order
+    assert text.index("kernels::launch(") < text.index("kernels::StreamScope on_stream(run_on")
+
+
+@pytest.mark.parametrize("name, queued", [
+    ("relu", True), ("native_batch_norm", True), ("_foreach_add_.List", True),
+    ("nonzero", False),  # its output's size depends on the data
+    ("bernoulli_.float", False),  # draws from a generator the host reads
+    ("t_", False),  # metadata changed in place
+    ("_local_scalar_dense", False),  # a value for the host
+])
+def test_kernels_the_host_must_wait_for_are_not_queued(db, name, queued):
+    assert kernelgen.queued(db.resolve(name)) is queued
 
 
 @pytest.mark.parametrize(
