@@ -1,10 +1,11 @@
 """The device is asynchronous: what a missing synchronize, wait or record_stream does here.
 
-Each stream's work runs in order on the device's worker thread and launching returns at once, so
-these tests show the bugs a team would otherwise meet first on silicon: an event that is not yet
-complete, a stream reading another's output without waiting, a non_blocking copy read before a
-synchronize, memory reused while another stream still reads it, and host code touching device
-memory. `_sleep` keeps a stream busy long enough to make each outcome certain.
+Each stream's work — kernels, copies, event records — runs in order on the device's worker thread
+and launching returns at once, so these tests show the bugs a team would otherwise meet first on
+silicon: an event that is not yet complete, a stream reading another's output without waiting, a
+non_blocking copy read before a synchronize, memory reused while a kernel on another stream still
+reads it, an error inside a kernel reported later, and host code touching device memory. `_sleep`
+or a row of large kernels keeps a stream busy long enough to make each outcome certain.
 """
 
 import signal
@@ -132,6 +133,69 @@ def test_record_stream_keeps_memory_from_reuse_until_the_other_stream_is_done(mo
 def test_without_record_stream_the_memory_is_reused_while_another_stream_reads_it(mod):
     # The bug record_stream exists for, caught here: the side stream reads the new owner's values.
     assert torch.equal(_free_while_another_stream_reads(mod, record=False), torch.full((N,), -1.0))
+
+
+# ---- kernels are queued too: the same bugs, with kernels only (no _sleep, no copies) ----------
+
+BIG = 1 << 22
+
+
+def _keep_busy(k: int = 16) -> list:
+    """Queues k kernels of 4M elements each on the current stream; the host returns at once."""
+    big = torch.ones(BIG, device=DEVICE)
+    return [big * 2 for _ in range(k)]
+
+
+def test_an_event_is_not_complete_while_kernels_are_queued(mod):
+    busy = _keep_busy()
+    done = torch.Event(device=DEVICE)
+    done.record()
+    assert not done.query()  # the host got here long before the device ran the kernels
+    done.synchronize()
+    assert done.query() and torch.equal(busy[-1][:4].cpu(), torch.full((4,), 2.0))
+
+
+def test_a_kernels_result_on_another_stream_is_seen_only_after_wait_stream(mod):
+    side = torch.Stream(device=DEVICE)
+    src, dst = torch.ones(N, device=DEVICE), torch.zeros(N, device=DEVICE)
+    side.wait_stream(torch.accelerator.current_stream())
+    with mod.stream(side):
+        busy = _keep_busy()
+        torch.mul(src, 2, out=dst)  # queued on side, behind the busy kernels
+    early = dst.cpu()  # the current stream does not wait for side: the missing wait_stream
+    torch.accelerator.current_stream().wait_stream(side)
+    late = dst.cpu()
+    assert torch.equal(early, torch.zeros(N))
+    assert torch.equal(late, torch.full((N,), 2.0))
+    del busy
+
+
+def _kernel_reads_a_freed_input(mod, record: bool) -> torch.Tensor:
+    """A kernel queued on `side` reads x; x is freed meanwhile and its memory handed out again on
+    the current stream. Returns what the kernel computed."""
+    side = torch.Stream(device=DEVICE)
+    x = torch.ones(N, device=DEVICE)
+    side.wait_stream(torch.accelerator.current_stream())
+    with mod.stream(side):
+        busy = _keep_busy()
+        y = x * 3  # reads x when it runs, after the busy kernels
+    if record:
+        x.record_stream(side)
+    del x
+    reused = torch.empty(N, device=DEVICE)  # x's block if nothing keeps it
+    reused.fill_(-1.0)
+    side.synchronize()
+    del busy
+    return y.cpu()
+
+
+def test_an_input_freed_early_is_corrupted_without_record_stream(mod):
+    # As on a chip, a queued kernel does not keep its inputs alive: it read the new owner's values.
+    assert torch.equal(_kernel_reads_a_freed_input(mod, record=False), torch.full((N,), -3.0))
+
+
+def test_record_stream_keeps_a_kernels_input_until_the_kernel_ran(mod):
+    assert torch.equal(_kernel_reads_a_freed_input(mod, record=True), torch.full((N,), 3.0))
 
 
 def test_the_caching_allocator_keeps_freed_memory_until_empty_cache(mod):
