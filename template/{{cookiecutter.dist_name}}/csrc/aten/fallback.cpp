@@ -14,8 +14,10 @@
 // corresponding elements and writes nothing else (the tag's definition), so for it the fallback
 // keeps no such copy and compares nothing: staging then copies only what the kernel reads and the
 // results it writes (a 1M-float atan2: its two inputs in and its result out, not also two 4 MB
-// snapshots and an 8 MB comparison). Results that alias an argument come back as that argument (or as a
-// view of its device storage); new results are copied to the device with their strides.
+// snapshots and an 8 MB comparison). Results that alias an argument come back as that argument (or
+// as a view of its device storage); new results are copied to the device with their strides. The
+// whole call is one item on the current stream: it holds the stream (after the work queued there)
+// from the first staging copy to the last copy back, so work launched meanwhile queues behind it.
 //
 // Views: an operator whose schema says a result aliases an input (`Tensor(a)`, no `!`) must come
 // back as a view of the input's device storage. If its CPU kernel returned new memory instead, the
