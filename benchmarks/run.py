@@ -2,6 +2,7 @@
 
     python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json] [--no-instructions]
     python benchmarks/run.py --compile-only     # torch.compile's figures alone (about a minute)
+    python benchmarks/run.py --only small,fallback   # issue #31's two ratios alone (a build and seconds)
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
 Where valgrind is installed, the small-op comparison and the render are also counted in
@@ -36,6 +37,8 @@ TARGETS = {
     "add_op_s": 20.0,
     "check_s": 3.0,
     "small_op_ratio": 1.5,
+    "small_op_roundtrip_ratio": 1.5,
+    "fallback_large_op_ratio": 2.0,
     "large_op_ratio": 1.1,
     "compile_pointwise_ratio": 0.7,
 }
@@ -98,6 +101,53 @@ DEVICE_BENCH = _RATIO + textwrap.dedent(
     print(json.dumps({"small_op_ratio": small[0], "small_op_device_us": small[1] * 1e6, "small_op_cpu_us": small[2] * 1e6,
                       "large_op_ratio": max(large_add[0], large_mul[0]), "large_add_ratio": large_add[0], "large_mul_ratio": large_mul[0],
                       "fallback_ratio": fallback[0], "fallback_device_us": fallback[1] * 1e6, "fallback_cpu_us": fallback[2] * 1e6}))
+    """
+)
+
+
+# Issue #31's two figures, side by side in one process; argv[2] names the parts to run (small,fallback).
+# small: `a + b` on 16 floats, 10,000 of them with a synchronize after every 1,000 — the launch, the
+# queue and the wait included, where small_op_ratio above times the launches alone — against the
+# same loop on CPU tensors. fallback: torch.atan2 on two 1M-float tensors, an operator no fresh
+# backend has a kernel for (it is in no default list of template.json), so it runs through the CPU
+# fallback: its staging copies in and out and the CPU kernel, against the CPU kernel alone. The
+# same ratio with one intra-op thread on both sides has no target but moves less when other work
+# loads the machine (a CPU kernel split over two threads waits for the slower one; the staging
+# copies run on one thread either way). erfinv, one input and a slow scalar kernel, is the
+# friendlier case and has no target.
+ASYNC_BENCH = _RATIO + textwrap.dedent(
+    """
+    parts = sys.argv[2].split(",")
+    dev_sync, cpu_sync = getattr(torch, dev).synchronize, torch.cpu.synchronize
+    out = {}
+    def roundtrip(x, y, sync, n=10_000, every=1_000):
+        def run():
+            for _ in range(n // every):
+                for _ in range(every):
+                    x + y
+                sync()
+        return run
+    if "small" in parts:
+        a, b = torch.randn(16), torch.randn(16)
+        ad, bd = a.to(dev), b.to(dev)
+        rt = ratio(roundtrip(ad, bd, dev_sync), roundtrip(a, b, cpu_sync), 1)
+        out.update({"small_op_roundtrip_ratio": rt[0], "small_op_roundtrip_device_us": rt[1] / 10_000 * 1e6,
+                    "small_op_roundtrip_cpu_us": rt[2] / 10_000 * 1e6})
+    if "fallback" in parts:
+        x, y = torch.randn(1 << 20), torch.randn(1 << 20)
+        xd, yd = x.to(dev), y.to(dev)
+        fb = ratio(lambda: (torch.atan2(xd, yd), dev_sync()), lambda: torch.atan2(x, y), 20)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        fb1 = ratio(lambda: (torch.atan2(xd, yd), dev_sync()), lambda: torch.atan2(x, y), 20)
+        torch.set_num_threads(threads)
+        u = torch.rand(1 << 20) * 1.8 - 0.9
+        ud = u.to(dev)
+        fe = ratio(lambda: (torch.erfinv(ud), dev_sync()), lambda: torch.erfinv(u), 5)
+        out.update({"fallback_large_op_ratio": fb[0], "fallback_large_op_device_ms": fb[1] * 1e3,
+                    "fallback_large_op_cpu_ms": fb[2] * 1e3, "fallback_large_op_1thread_ratio": fb1[0],
+                    "fallback_erfinv_ratio": fe[0]})
+    print(json.dumps(out))
     """
 )
 
@@ -183,6 +233,9 @@ def main() -> None:
     ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts (about a minute and a half)")
     ap.add_argument("--compile-only", action="store_true",
                     help="only torch.compile's figures: compiled vs eager on the device (a build and a minute)")
+    ap.add_argument("--only", metavar="PARTS", type=_parts,
+                    help="only these device figures, comma-separated: small (the synchronized small-op round trip), "
+                         "fallback (a 1M-float operator through the CPU fallback); a build and seconds")
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
     work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
@@ -194,6 +247,9 @@ def main() -> None:
         if args.compile_only:
             _time(_bg("new", device, "-o", str(root)))
             res.update(_device_figures(COMPILE_BENCH, device, env))
+        elif args.only:
+            _time(_bg("new", device, "-o", str(root), "--no-test"))
+            res.update(_device_figures(ASYNC_BENCH, device, env, ",".join(args.only)))
         else:
             # the machine's speed today: every figure below scales with these (none has a target)
             res["ref_python_start_s"] = _median(lambda: _time([sys.executable, "-c", "pass"]), 5)
@@ -250,6 +306,7 @@ def main() -> None:
             res["check_s"] = _median(lambda: _time(_bg("check", "--project", str(root))), args.runs)
 
             res.update(_device_figures(DEVICE_BENCH, device, env))
+            res.update(_device_figures(ASYNC_BENCH, device, env, "small,fallback"))
             res.update(_device_figures(COMPILE_BENCH, device, env))
             if not args.no_instructions:
                 res.update(small_op_instructions(device, env))
@@ -260,20 +317,31 @@ def main() -> None:
     _report(res, tu, args.json)
 
 
-def _device_figures(program: str, device: str, env: dict) -> dict[str, float]:
+ASYNC_PARTS = ("small", "fallback")
+
+
+def _parts(value: str) -> list[str]:
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    unknown = [p for p in parts if p not in ASYNC_PARTS]
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ASYNC_PARTS)}, got {value!r}")
+    return parts
+
+
+def _device_figures(program: str, device: str, env: dict, *extra: str) -> dict[str, float]:
     """Run one of the programs above on the installed backend; its last line is the JSON of its figures."""
-    out = subprocess.run([sys.executable, "-c", program, device], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-c", program, device, *extra], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _report(res: dict, tu: dict, json_path: Path) -> None:
-    print(f"{'figure':<22}{'measured':>12}{'target':>10}")
+    print(f"{'figure':<30}{'measured':>12}{'target':>10}")
     for k, v in res.items():
         target = TARGETS.get(k)
         mark = "" if target is None else ("  ok" if v <= target else "  MISSED")
-        print(f"{k:<22}{v:>12.3f}{'' if target is None else f'{target:>10.2f}'}{mark}")
+        print(f"{k:<30}{v:>12.3f}{'' if target is None else f'{target:>10.2f}'}{mark}")
     if tu:
         print("\nper translation unit (cold build, s):")
         for name, secs in sorted(tu.items(), key=lambda kv: -kv[1]):

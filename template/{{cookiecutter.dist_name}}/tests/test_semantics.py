@@ -92,6 +92,27 @@ def test_batch_norm_updates_running_statistics():
     assert not torch.equal(cpu.running_mean, torch.zeros(4))  # the statistics really moved
 
 
+@pytest.mark.parametrize("pointwise", [False, True], ids=["untagged", "pointwise"])
+def test_an_undeclared_write_comes_back_unless_the_operator_is_tagged_pointwise(pointwise):
+    # To find writes a schema does not declare, the fallback keeps each argument's staged bytes and
+    # compares them after the CPU kernel. An operator tagged pointwise writes only its outputs (the
+    # tag's definition), so the fallback spares it that copy and comparison: a kernel that breaks the
+    # tag's promise has its stray write dropped on the device.
+    ns = f"{DEVICE}_scribble_{'pointwise' if pointwise else 'untagged'}"
+    lib = torch.library.Library(ns, "DEF")
+    lib.define("scribble(Tensor x) -> Tensor", tags=(torch.Tag.pointwise,) if pointwise else ())
+
+    def scribble(x):
+        x[0] = 42.0  # a write the schema does not mark
+        return x + 1
+
+    lib.impl("scribble", scribble, "CPU")
+    d = torch.zeros(4, device=DEVICE)
+    out = getattr(torch.ops, ns).scribble(d)
+    assert out.device.type == DEVICE and out.cpu().tolist() == [43.0, 1.0, 1.0, 1.0]
+    assert d.cpu().tolist() == ([0.0] * 4 if pointwise else [42.0, 0.0, 0.0, 0.0])
+
+
 def test_a_view_returned_by_the_fallback_aliases_its_input():
     x, d = both(torch.arange(10.0))
     cpu_view, dev_view = x.unfold(0, 4, 2), d.unfold(0, 4, 2)  # unfold is a view op with a CPU kernel

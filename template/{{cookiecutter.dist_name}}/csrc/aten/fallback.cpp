@@ -8,9 +8,16 @@
 // arguments, and arguments that alias each other reach the CPU kernel exactly as they are on the
 // device. Afterwards every storage the kernel changed is copied back — whether or not the
 // operator's schema marks the argument as written (native_batch_norm updates its running
-// statistics without the mark) — and a geometry the kernel changed (an out= tensor it resized) is
-// carried to the device tensor. Results that alias an argument come back as that argument (or as a
-// view of its device storage); new results are copied to the device with their strides.
+// statistics without the mark: a storage no argument marks written is kept as staged and compared
+// after the kernel) — and a geometry the kernel changed (an out= tensor it resized) is carried to
+// the device tensor. An operator tagged `pointwise` computes each output element from its inputs'
+// corresponding elements and writes nothing else (the tag's definition), so for it the fallback
+// keeps no such copy and compares nothing: staging then copies only what the kernel reads and the
+// results it writes (a 1M-float atan2: its two inputs in and its result out, not also two 4 MB
+// snapshots and an 8 MB comparison). Results that alias an argument come back as that argument (or
+// as a view of its device storage); new results are copied to the device with their strides. The
+// whole call is one item on the current stream: it holds the stream (after the work queued there)
+// from the first staging copy to the last copy back, so work launched meanwhile queues behind it.
 //
 // Views: an operator whose schema says a result aliases an input (`Tensor(a)`, no `!`) must come
 // back as a view of the input's device storage. If its CPU kernel returned new memory instead, the
@@ -153,6 +160,7 @@ struct StagedStorage {
   bool declared_written = false;  // an argument on it is marked written (Tensor(a!)) in the schema
   c10::Storage host;
   std::vector<char> before;  // the host copy as staged, to find writes the schema does not declare
+  bool snapshot = false;      // `before` was taken (not for a declared write, nor for a pointwise operator)
 };
 
 // A device tensor argument and the host tensor that stands for it.
@@ -208,13 +216,19 @@ bool declares_write(const c10::Argument& arg) {
 class Staging {
  public:
   Staging(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& name)
-      : stack_(stack), op_name_(name) {
+      : stack_(stack), op_name_(name), undeclared_writes_possible_(!op.hasTag(at::Tag::pointwise)) {
     const auto& args = op.schema().arguments();
     begin_ = stack->size() - args.size();
     for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], declares_write(args[i]), &Staging::note);
+  }
+
+  // Copies the storages noted to the host and puts host tensors on the stack in place of the device
+  // arguments. Called while the current stream is held, so the copies see its queued work done.
+  void copy_in() {
     copy_to_host();
     next_ = 0;
-    for (size_t i = 0; i < args.size(); ++i) visit((*stack_)[begin_ + i], false, &Staging::substitute);
+    const size_t n = stack_->size() - begin_;
+    for (size_t i = 0; i < n; ++i) visit((*stack_)[begin_ + i], false, &Staging::substitute);
   }
 
   // The device the operator runs on: its first device tensor's, else a device argument's, else the current one.
@@ -309,9 +323,10 @@ class Staging {
                                                        n, driver::CopyKind::device_to_host, s.where.index(),
                                                        runtime::current_stream_id(s.where.index())));
       }
-      if (!s.declared_written && n > 0) {
+      if (!s.declared_written && n > 0 && undeclared_writes_possible_) {
         const char* p = static_cast<const char*>(s.host.data());
         s.before.assign(p, p + n);
+        s.snapshot = true;
       }
     }
   }
@@ -340,6 +355,7 @@ class Staging {
 
   torch::jit::Stack* stack_;
   const std::string& op_name_;
+  const bool undeclared_writes_possible_;  // false for a pointwise operator: it writes only what its schema marks
   size_t begin_ = 0, next_ = 0;
   std::deque<StagedStorage> storages_;
   std::vector<StagedTensor> tensors_;
@@ -361,7 +377,7 @@ void Staging::write_back() {
     const size_t n = host->nbytes();
     const bool grown = n != s.hi - s.lo;  // the kernel resized an argument beyond the staged range
     const bool changed = s.declared_written || grown ||
-                         (n > 0 && std::memcmp(s.before.data(), host->data(), n) != 0);
+                         (s.snapshot && std::memcmp(s.before.data(), host->data(), n) != 0);
     if (!changed || n == 0) continue;
     kernels::grow_storage(s.device, s.lo + n, s.where);
     {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(static_cast<char*>(s.device.mutable_data()) + s.lo, host->data(), n,
@@ -563,10 +579,13 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
                               " kernel for it either (PyTorch does not support this operator on this layout)");
   count_call(name, schema);
   Timed timed{name};
-  Staging staging(op, stack, name);
+  Staging staging(op, stack, name);  // which device storages the arguments reach; nothing copied yet
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
-  kernels::StreamScope on_stream(device, "cpu fallback");  // the staging copies waited for the stream
+  // One item on the current stream: after the work queued there (held, the stream's queue waits
+  // behind us), the staging copies, the CPU kernel and the copies back run as its next item.
+  kernels::StreamScope on_stream(device, "cpu fallback");
+  staging.copy_in();
   {
     Generators generators(op, stack, device);
     // a nested argument: the CPU kernel is NestedTensorCPU's (nested.cpp registers this fallback there too)
