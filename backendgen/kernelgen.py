@@ -349,6 +349,7 @@ class QueuedBody:
     captures: list[str]  # what the queued computation keeps
     work: list[str]  # the queued computation
     ret: str | None
+    condition: str = ""  # beside the pre-pass: what else must hold for the kernel to be queued
 
 
 def queued(op: Op, *, features: frozenset[str] | None = None) -> bool:
@@ -418,7 +419,6 @@ def queued_body(op: Op) -> QueuedBody:
                 held = _HELD_TYPE[k] if k is not ArgKind.TENSOR_LIST else "::std::vector<at::Tensor>"
                 meta_decls.append(f"{held} {n}_m = {K}::meta_like({n});")
                 meta_args.append(f"{n}_m")
-                on_host.append(f"{K}::adopt_geometry({n}, {n}_m);")
                 writes.append(n)
             else:
                 meta_args.append(f"{K}::meta_like({n})")
@@ -429,10 +429,12 @@ def queued_body(op: Op) -> QueuedBody:
         call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
+    # a written argument the operator would resize: the calling thread's path (write-back follows it)
+    condition = " && ".join(f"{K}::same_geometry({n}, {n}_m)" for n in writes)
     kind = _return_kind(op)
     if kind in ("void", "at::Tensor &", "tuple &"):
         ret = None if kind == "void" else writes[0] if kind == "at::Tensor &" else f"::std::forward_as_tuple({', '.join(writes)})"
-        return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret)
+        return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret, condition)
     if kind == "at::Tensor":
         return QueuedBody(meta_decls + ["at::Tensor result_m;"], f"result_m = {meta_call}",
                           on_host + [f"at::Tensor result = {K}::empty_like_meta(result_m, run_on);"],

@@ -25,7 +25,7 @@ CURRENT = history.current_version()
 # The last commit of each template version: what a user of that release had (backendgen/history.py).
 # Template 1 is the one without the manifest's common_device feature (kernel_support.h without common_device).
 RELEASES = {1: "b423b73^", 2: "24570a6^", 3: "fe16aed^", 4: "c9773cd^", 5: "bcfcf5a^", 6: "ba6b476", 7: "66f787d",
-            8: "87cc645", 9: "5739e41"}
+            8: "87cc645", 9: "5739e41", 10: "37bea23"}
 OLD_OPS = ["abs.out", "mse_loss"]  # a plain kernel (edited below) and a structured one
 KERNEL = "csrc/aten/ops/abs.cpp"
 DRIVER = "csrc/driver/driver.cpp"

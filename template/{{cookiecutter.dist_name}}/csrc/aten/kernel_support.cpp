@@ -318,21 +318,27 @@ std::vector<at::Tensor> empty_like_meta(const std::vector<at::Tensor>& meta, c10
   return out;
 }
 
-void adopt_geometry(const at::Tensor& device_t, const at::Tensor& meta) {
-  if (!on_device(device_t) || !meta.defined()) return;
-  if (meta.sizes() == device_t.sizes() && meta.strides() == device_t.strides() &&
-      meta.storage_offset() == device_t.storage_offset()) {
-    return;
-  }
-  const size_t needed = meta.numel() == 0 ? 0
-      : at::detail::computeStorageNbytes(meta.sizes(), meta.strides(), device_t.dtype().itemsize(), meta.storage_offset());
-  grow_storage(device_t.storage(), needed, device_t.device());
-  device_t.unsafeGetTensorImpl()->set_sizes_and_strides(meta.sizes(), meta.strides(), meta.storage_offset());
+bool same_geometry(const at::Tensor& device_t, const at::Tensor& meta) {
+  if (!device_t.defined() || !meta.defined()) return device_t.defined() == meta.defined();
+  return meta.sizes() == device_t.sizes() && meta.strides() == device_t.strides() &&
+         meta.storage_offset() == device_t.storage_offset();
 }
 
-void adopt_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta) {
+bool same_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta) {
+  if (device_ts.size() != meta.size()) return false;
   size_t i = 0;
-  for (const at::Tensor& t : device_ts) adopt_geometry(t, meta.at(i++));
+  for (const at::Tensor& t : device_ts) {
+    if (!same_geometry(t, meta[i++])) return false;
+  }
+  return true;
+}
+
+bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta) {
+  if (device_ts.size() != meta.size()) return false;
+  for (size_t i = 0; i < meta.size(); ++i) {
+    if (!same_geometry(device_ts[i], meta[i])) return false;
+  }
+  return true;
 }
 
 Held::Held(const at::Tensor& t) {

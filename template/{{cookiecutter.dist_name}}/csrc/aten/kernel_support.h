@@ -99,7 +99,7 @@ class StreamScope {
 // A kernel decides its outputs on the host, as a launch on real hardware does: it checks its
 // arguments and computes the outputs' geometry by running the operator on meta tensors
 // (`meta_like`: no memory, PyTorch's own shape rules and error messages), allocates the outputs
-// (`empty_like_meta`, `adopt_geometry`), and then queues its computation on the current stream
+// (`empty_like_meta`), and then queues its computation on the current stream
 // (`launch`) and returns. The queued work holds the memory and geometry of what it reads and
 // writes (`held`), not the tensors, so — like a kernel on a chip — it does not keep them alive;
 // the stream-ordered caching allocator and record_stream do that, and driver::free waits for
@@ -125,10 +125,13 @@ bool on_meta(const std::function<void()>& pre_pass);
 // A new device tensor on `device` with the geometry and dtype the meta pre-pass decided.
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::Device device);
 std::vector<at::Tensor> empty_like_meta(const std::vector<at::Tensor>& meta, c10::Device device);
-// Gives a written device argument the geometry the meta pre-pass gave it (out= resizes), growing
-// its storage if needed, before its host alias is taken.
-void adopt_geometry(const at::Tensor& device_t, const at::Tensor& meta);
-void adopt_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta);
+// Whether a written argument keeps its geometry through the operator (its meta tensor after the
+// pre-pass has the same sizes, strides and offset). An out= call that must resize its output runs
+// on the calling thread instead: some CPU kernels reshape an output again after their meta
+// function sized it (mse_loss's reduction), which only the host-side write-back can follow.
+bool same_geometry(const at::Tensor& device_t, const at::Tensor& meta);
+bool same_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta);
+bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta);
 
 // What queued work keeps of a tensor argument (`held`), and the tensor it passes on when it runs
 // (`get()`): of a device tensor, its memory and geometry at launch — the host alias is made when
