@@ -437,7 +437,7 @@ def opinfo_hints(op: Op) -> list[str]:
     for prefix in ("native_", "_native_"):
         if stripped.startswith(prefix):
             stripped = stripped[len(prefix):]
-    for suffix in ("_backward", "_forward"):
+    for suffix in ("_backward_data", "_backward", "_forward"):  # _log_softmax_backward_data: log_softmax
         if stripped.endswith(suffix):
             stripped = stripped[: -len(suffix)]
     if stripped != base:

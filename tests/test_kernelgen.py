@@ -63,6 +63,13 @@ def test_view_operators_get_a_view_kernel(db, name, base, list_of_views):
     assert "def test_gradient_flows_through_the_view" in test
 
 
+@pytest.mark.parametrize("name, hint", [("_log_softmax_backward_data.out", "log_softmax"),
+                                        ("native_batch_norm_backward", "batch_norm"), ("nll_loss_backward", "nll_loss")])
+def test_a_backward_operators_test_looks_for_its_forward_opinfo(db, name, hint):
+    # a hint no OpInfo matches makes the generated test run every OpInfo looking for samples (~50 s)
+    assert hint in kernelgen.opinfo_hints(db.resolve(name))
+
+
 def test_a_two_tensor_view_checks_devices_like_a_kernel(db):
     body = kernelgen.kernel_body(db.resolve("_make_dual"))
     assert body.setup == ['kernels::common_device("aten::_make_dual", kernels::CpuArgs::rejected, primal, tangent);']
