@@ -92,7 +92,11 @@ def new_backend(
             for name in tpl.builtin_ops():
                 project.add_op(addop.template_record(db, db.resolve(name)))
             tx = Transaction(rendered)
-            added = [addop.write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in tpl.default_ops]
+            # the template's default operators, and a view kernel for every view operator of this
+            # torch that would otherwise reach the CPU fallback (derived, not listed: docs/architecture.md)
+            views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
+            wanted = list(dict.fromkeys([*tpl.default_ops, *views]))
+            added = [addop.write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in wanted]
             registration.write(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
