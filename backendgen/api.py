@@ -649,6 +649,7 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                 project.data["backendgen_version"] = __version__
                 project.data["template_state"] = history.current_state()
                 upd.refresh_template_records(project, db)
+                upd.plan_default_kernels(project, db, plan, result)
             if torch_signatures and not result.unfixable:
                 project.data["torch"] = {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256}
                 result.torch_recorded = db.torch_version
