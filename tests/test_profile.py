@@ -215,8 +215,8 @@ def test_operators_one_kernel_serves_are_merged_and_the_others_get_a_reason(rend
     stats = {
         "aten::mse_loss.out": [2, 0.25],
         "aten::mse_loss": [1, 0.5],
-        "aten::lerp_.Scalar": [4, 0.01],
-        "aten::lerp.Scalar_out": [4, 0.02],
+        "aten::atan2_": [4, 0.01],
+        "aten::atan2.out": [4, 0.02],
         "aten::_values": [3, 0.0],  # a view of sparse tensors only: no CPU kernel to take its geometry from
         "aten::dropout": [1, 0.0],
         "myns::custom": [1, 1.0],
@@ -226,15 +226,15 @@ def test_operators_one_kernel_serves_are_merged_and_the_others_get_a_reason(rend
     by = {tuple(sorted(e.names)): e for e in entries}
     mse = by[("aten::mse_loss", "aten::mse_loss.out")]
     assert mse.target == "aten::mse_loss.out" and mse.reason is None and mse.calls == 3 and mse.seconds == 0.75
-    lerp = by[("aten::lerp.Scalar_out", "aten::lerp_.Scalar")]
-    assert lerp.target == "aten::lerp.Scalar_out" and lerp.calls == 8
+    atan2 = by[("aten::atan2.out", "aten::atan2_")]
+    assert atan2.target == "aten::atan2.out" and atan2.calls == 8
     assert by[("aten::_values",)].target is None and "returns a view but has no CPU kernel" in by[("aten::_values",)].reason
     assert by[("aten::dropout",)].target is None and "CompositeImplicitAutograd" in by[("aten::dropout",)].reason
     assert by[("myns::custom",)].target is None and "not an ATen operator" in by[("myns::custom",)].reason
     assert "rebuild" in by[("aten::mul.out",)].reason
     assert entries[0].names == ["myns::custom"] and entries[1] is mse  # ranked by time
     targets = [e.target for e in entries if e.target and e.reason is None]
-    assert prof.add_op_command(targets, None) == "backendgen add-op aten::mse_loss.out aten::lerp.Scalar_out"
+    assert prof.add_op_command(targets, None) == "backendgen add-op aten::mse_loss.out aten::atan2.out"
     assert prof.add_op_command(["aten::abs.out"], Path("/tmp/my project")) == \
         "backendgen add-op aten::abs.out --project '/tmp/my project'"
 
