@@ -92,7 +92,11 @@ def new_backend(
             for name in tpl.builtin_ops():
                 project.add_op(addop.template_record(db, db.resolve(name)))
             tx = Transaction(rendered)
-            added = [addop.write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in tpl.default_ops]
+            # the template's default operators, and a view kernel for every view operator of this
+            # torch that would otherwise reach the CPU fallback (derived, not listed: docs/architecture.md)
+            views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
+            wanted = list(dict.fromkeys([*tpl.default_ops, *views]))
+            added = [addop.write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in wanted]
             registration.write(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
@@ -645,6 +649,7 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                 project.data["backendgen_version"] = __version__
                 project.data["template_state"] = history.current_state()
                 upd.refresh_template_records(project, db)
+                upd.plan_default_kernels(project, db, plan, result)
             if torch_signatures and not result.unfixable:
                 project.data["torch"] = {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256}
                 result.torch_recorded = db.torch_version

@@ -125,6 +125,37 @@ def view_base(op: Op):
     return arg
 
 
+def view_ops_needing_kernels(db: OpDB, registered: set[str] | list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The view operators of the installed torch that would reach a fresh project's CPU fallback,
+    derived from the operator database (what `backendgen new` gives view kernels beside the
+    template's `default_ops`): (the names view kernels serve, {name: why no view kernel can}).
+
+    A view operator returns an alias of an input it does not write (`is_view`: a `Tensor(a)`
+    return, the input `Tensor(a)`, not `a!`). It reaches the fallback when its only kernels are
+    backend kernels including the CPU's: a CompositeImplicitAutograd one decomposes into other
+    operators, and a CompositeExplicitAutograd one (`diagonal`, `permute`, `unbind.int`, ...) is
+    what the dispatcher runs for PrivateUse1 before any backend fallback (it ends in `as_strided`,
+    which the template registers); a view with no CPU kernel (sparse- or nested-only) has nothing
+    the fallback could run. `registered` (names without `aten::`) are those the template registers
+    itself (manifest.builtin_ops). The operators `view_base` refuses (a nested tensor result, a
+    result aliasing a list) are returned with its reason instead of a name."""
+    have = {n.removeprefix("aten::") for n in registered}
+    serve, refused = [], {}
+    for name in sorted(db.with_kernels_for("CPU")):
+        op = db.get(name)
+        if op is None or op.namespace != "aten" or name in have or not is_view(op):
+            continue
+        if op.composite_implicit or op.composite_explicit:
+            continue
+        try:
+            view_body(op)  # refuses what a view kernel cannot serve, with the reason
+        except UserError as e:
+            refused[name] = str(e)
+            continue
+        serve.append(name)
+    return serve, refused
+
+
 def _functional(db: OpDB, target: Op) -> Op | None:
     """The functional overload of `target`'s structured family, if the kernel file can serve it
     directly: the CPU has a structured class for `target` to borrow the meta function and loop
@@ -618,7 +649,7 @@ def opinfo_hints(op: Op) -> list[str]:
     for prefix in ("native_", "_native_"):
         if stripped.startswith(prefix):
             stripped = stripped[len(prefix):]
-    for suffix in ("_backward", "_forward"):
+    for suffix in ("_backward_data", "_backward", "_forward"):  # _log_softmax_backward_data: log_softmax
         if stripped.endswith(suffix):
             stripped = stripped[: -len(suffix)]
     if stripped != base:

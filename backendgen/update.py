@@ -36,7 +36,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import __version__, addop, history, kernelgen, manifest, naming, template_tree
+from backendgen import __version__, addop, contract, history, kernelgen, manifest, naming, template_tree
 from backendgen.drift import Drift, argument_names, classify
 from backendgen.errors import ProjectError
 from backendgen.files import sha256_text
@@ -527,6 +527,51 @@ def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *
         old_harness = (_try_render(kernelgen.render_harness, device=project.device, registration_file=REGISTRATION_FILE,
                                    ops_dir=old_ops) or new_harness)
         merge_file(plan, result, HARNESS, old_harness, new_harness, labels)
+
+
+def plan_default_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> None:
+    """Add the kernels a fresh project of the current template has that `project` lacks: the
+    manifest's `default_ops` and the derived view kernels (`kernelgen.view_ops_needing_kernels`), as
+    `backendgen new` writes them, so the current template's tests (a first model, every view
+    operator without the CPU fallback) hold for an updated project too. An operator the project
+    already makes native (an add-op record, or an `m.impl` at PrivateUse1 in one of its own C++
+    files: two registrations abort the load) or whose kernel path is taken is left out, with a note."""
+    tpl = manifest.load()
+    views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
+    own: set[str] = set()
+    for path in sorted((project.root / "csrc").rglob("*.cpp")):
+        if path.relative_to(project.root).as_posix() != REGISTRATION_FILE:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                own |= contract.registrations(path.read_text())[0].get("PrivateUse1", set())
+    added = False
+    for name in dict.fromkeys([*tpl.default_ops, *views]):
+        op = db.get(name)
+        if op is None:
+            continue
+        new_plan = kernelgen.plan_kernel(db, op)
+        if any(project.find_op(q) is not None for q in new_plan.covers):
+            continue  # native already (add-op, or an earlier update)
+        mine = sorted(q for q in new_plan.covers if q in own)
+        source, test = addop.kernel_paths(new_plan)
+        if mine:
+            result.notes.append(f"{op.qualified}: not added, your C++ registers {', '.join(mine)} at PrivateUse1")
+            continue
+        if plan.read(source) is not None or plan.read(test) is not None:
+            result.notes.append(f"{op.qualified}: not added, {source} or {test} exists (backendgen add-op {op.qualified})")
+            continue
+        text = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
+        for rel, body in ((source, text), (test, kernelgen.render_test(new_plan, device=project.device, source_path=source))):
+            plan.write(rel, body)
+            result.changes.append(FileChange(rel, Action.ADDED, f"a default kernel of template {result.to_version}"))
+        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_text(text)):
+            project.add_op(rec)
+        added = True
+    if added:
+        for rel, text in ((f"{PATHS['kernel_tests']}/__init__.py", ""),
+                          (HARNESS, kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE))):
+            if plan.read(rel) is None:
+                plan.write(rel, text)
+                result.changes.append(FileChange(rel, Action.ADDED))
 
 
 def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded: str | None, *, old: int,

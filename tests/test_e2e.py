@@ -19,8 +19,8 @@ from conftest import run_cli
 # The operators issue #3 asks CI to add: structured, out=, in-place, multi-output, Tensor?[],
 # ITensorListRef, SymInt, Scalar and optional arguments, bool[3].
 CI_OPS = [
-    "mul.Tensor", "abs.out", "add_.Tensor", "where.self", "cat", "index.Tensor", "sum.dim_IntList",
-    "topk", "native_layer_norm", "convolution_backward", "addmm.out", "masked_fill_.Scalar",
+    "mul.Tensor", "abs.out", "add_.Tensor", "where.self", "cat", "index.Tensor", "mean.dim",
+    "topk", "native_layer_norm", "convolution_backward", "baddbmm.out", "masked_fill_.Scalar",
     "mse_loss",  # structured; its meta function reshapes the output after allocating it
 ]
 
@@ -88,8 +88,8 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert res.built and res.tested
     assert kernel.read_text() == edited
     recorded = {d["op"] for d in _meta(root)["ops"]}
-    for op in ["aten::where.self", "aten::cat.out", "aten::index.Tensor_out", "aten::sum.IntList_out", "aten::topk.values",
-               "aten::native_layer_norm", "aten::convolution_backward", "aten::addmm.out", "aten::masked_fill_.Scalar",
+    for op in ["aten::where.self", "aten::cat.out", "aten::index.Tensor_out", "aten::mean.out", "aten::topk.values",
+               "aten::native_layer_norm", "aten::convolution_backward", "aten::baddbmm.out", "aten::masked_fill_.Scalar",
                "aten::mse_loss.out", "aten::mse_loss"]:
         assert op in recorded, op
 
@@ -156,35 +156,42 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
 
 
 def test_add_op_writes_native_view_kernels(project_copy):
-    """View operators get view kernels (metadata only, on the input's storage): their generated
-    tests check the view relation and pass, and the operators no longer reach the CPU fallback."""
+    """View operators get view kernels (metadata only, on the input's storage): `new` gave one to each
+    view operator that would reach the CPU fallback (view_as_real, ...); add-op writes them for others
+    too (diagonal and unbind.int run PyTorch's CompositeExplicitAutograd kernels otherwise). Their
+    generated tests check the view relation and pass, and the operators run the native kernels."""
     root = project_copy
-    res = api.add_ops(["aten::view_as_real", "unbind.int"], root)
-    assert res.built and res.tested
-    assert set(res.added) == {"aten::view_as_real", "aten::unbind.int"}
-    kernel = (root / "csrc/aten/ops/view_as_real.cpp").read_text()
+    kernel = (root / "csrc/aten/ops/view_as_real.cpp").read_text()  # written by `new`
     assert "kernels::device_view(self, view)" in kernel and "StreamScope" not in kernel
+    res = api.add_ops(["aten::view_as_real", "diagonal", "unbind.int"], root)
+    assert res.built and res.tested
+    assert res.unchanged == ["aten::view_as_real"] and set(res.added) == {"aten::diagonal", "aten::unbind.int"}
+    assert "kernels::device_view(self, view)" in (root / "csrc/aten/ops/diagonal.cpp").read_text()
 
-    log = build.run_tests(root, ["tests/ops/test_view_as_real.py", "tests/ops/test_unbind_int.py", "tests/test_views.py", "-vv", "-rs"],
+    log = build.run_tests(root, ["tests/ops/test_diagonal.py", "tests/ops/test_unbind_int.py", "tests/test_views.py", "-vv", "-rs"],
                           name="views-verbose")
     text = log.read_text()
     for test in ("test_matches_cpu_and_stays_on_device", "test_result_is_a_view_that_writes_reach",
                  "test_gradient_flows_through_the_view"):
-        for module in ("test_view_as_real", "test_unbind_int"):
+        for module in ("test_diagonal", "test_unbind_int"):
             assert re.search(rf"tests/ops/{module}\.py::{test} PASSED", text), (module, test, text[-3000:])
     assert re.search(r"tests/test_views\.py::test_view_as_real_is_a_view_at_the_right_offset PASSED", text), text[-3000:]
+    assert re.search(r"tests/test_views\.py::test_no_view_operator_of_this_torch_reaches_the_cpu_fallback PASSED", text), \
+        text[-3000:]
 
     device = _meta(root)["device"]
     code = (
         f"import torch; mod = getattr(torch, '{device}'); z = torch.randn(3, dtype=torch.complex64, device='{device}')\n"
-        "mod.reset_fallback_counts(); r = torch.view_as_real(z[1:]); parts = z.unbind(0)\n"
-        "print(sorted(k for k in mod.fallback_counts() if 'view_as_real' in k or 'unbind' in k),"
-        " r._base is z, r.storage_offset(), parts[2]._base is z, parts[2].storage_offset())"
+        "x = torch.randn(3, 3, device=z.device); mod.reset_fallback_counts()\n"
+        "r = torch.view_as_real(z[1:]); parts = z.unbind(0); d = x.diagonal(1)\n"
+        "print(mod.fallback_counts(), r._base is z, r.storage_offset(), parts[2]._base is z, parts[2].storage_offset(),"
+        " d._base is x, d.storage_offset(),"
+        " all(torch._C._dispatch_has_kernel_for_dispatch_key(f'aten::{n}', 'PrivateUse1') for n in ('view_as_real', 'diagonal', 'unbind.int')))"
     )
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split() == ["[]", "True", "2", "True", "2"], ran.stdout
+    assert ran.stdout.split() == ["{}", "True", "2", "True", "2", "True", "1", "True"], ran.stdout
 
     # a backend operator of its own with a view schema: its device kernel returns a view of the
     # argument's device memory (its check compares with the host alias compute() ran on)

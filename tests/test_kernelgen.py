@@ -63,6 +63,33 @@ def test_view_operators_get_a_view_kernel(db, name, base, list_of_views):
     assert "def test_gradient_flows_through_the_view" in test
 
 
+def test_the_view_operators_new_serves_are_derived_from_the_operator_database(db):
+    """`backendgen new` gives a view kernel to each view operator with only backend kernels, one of
+    them the CPU's (what the fallback would run), that the template does not register itself."""
+    builtin = manifest.load().builtin_ops()
+    serve, refused = kernelgen.view_ops_needing_kernels(db, builtin)
+    assert {"view_as_real", "view_as_complex", "unfold"} <= set(serve)
+    for name in serve:
+        op = db.get(name)
+        assert kernelgen.is_view(op) and "CPU" in op.dispatch_keys and name not in builtin
+        assert not op.composite_implicit and not op.composite_explicit
+        assert kernelgen.plan_kernel(db, op).view
+    # the dispatcher runs a composite view (diagonal, unbind.int) or the template's (view, as_strided)
+    for name in ("view", "as_strided", "diagonal", "unbind.int", "reshape", "view_as"):
+        assert name not in serve and name not in refused, name
+    # a view view_base refuses is reported with its reason, not served
+    assert "nested tensor" in refused["_nested_view_from_buffer"]
+    # what the template registers is never served twice
+    assert "view_as_real" not in kernelgen.view_ops_needing_kernels(db, [*builtin, "aten::view_as_real"])[0]
+
+
+@pytest.mark.parametrize("name, hint", [("_log_softmax_backward_data.out", "log_softmax"),
+                                        ("native_batch_norm_backward", "batch_norm"), ("nll_loss_backward", "nll_loss")])
+def test_a_backward_operators_test_looks_for_its_forward_opinfo(db, name, hint):
+    # a hint no OpInfo matches makes the generated test run every OpInfo looking for samples (~50 s)
+    assert hint in kernelgen.opinfo_hints(db.resolve(name))
+
+
 def test_a_two_tensor_view_checks_devices_like_a_kernel(db):
     body = kernelgen.kernel_body(db.resolve("_make_dual"))
     assert body.setup == ['kernels::common_device("aten::_make_dual", kernels::CpuArgs::rejected, primal, tangent);']

@@ -20,7 +20,9 @@ from backendgen.opdb import load_opdb
 from backendgen.project import Project
 from conftest import run_cli
 
-# A small CNN training step with Adam; the device comes from the script's own arguments.
+# A small CNN training step with Adamax; the device comes from the script's own arguments. Its layers
+# and optimizer are ones a fresh project runs on the CPU fallback (conv + batch norm + relu,
+# cross_entropy, SGD and Adam are native there: the template's default_ops).
 CNN = """
 import argparse
 import torch
@@ -33,10 +35,10 @@ parser.add_argument("--steps", type=int, default=2)
 opts = parser.parse_args()
 torch.manual_seed(0)
 model = nn.Sequential(
-    nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.GELU(), nn.MaxPool2d(2),
     nn.Flatten(), nn.Linear(8 * 4 * 4, 10),
 ).to(opts.device)
-opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+opt = torch.optim.Adamax(model.parameters(), lr=1e-2)
 x = torch.randn(4, 3, 8, 8, device=opts.device)
 y = torch.randint(0, 10, (4,), device=opts.device)
 for step in range(opts.steps):
@@ -49,15 +51,15 @@ for step in range(opts.steps):
 
 # What the test expects to see fall back, named by the add-op target (what add-op would register),
 # not by the name the dispatcher happens to use for the call:
-#   batch norm: native_batch_norm (its backward too); the loss: cross_entropy decomposes into
-#   log_softmax and nll_loss (structured: _log_softmax.out, nll_loss_forward.output, and backward);
-#   Adam's per-parameter updates: on PrivateUse1 torch.optim.Adam takes the foreach path, whose
-#   CompositeExplicit slow path calls per-tensor lerp_, addcmul_, sqrt and addcdiv_ on the device.
+#   group norm: native_group_norm (its backward too); GELU: structured (gelu.out, gelu_backward.grad_input);
+#   pooling: max_pool2d_with_indices (structured) and its backward;
+#   Adamax's per-parameter updates: on PrivateUse1 torch.optim.Adamax takes the foreach path, whose
+#   CompositeExplicit slow path calls per-tensor abs and clamp_min_ (for _foreach_maximum_) on the device.
 EXPECTED = {
-    "batch norm": {"aten::native_batch_norm", "aten::native_batch_norm_backward"},
-    "loss": {"aten::_log_softmax.out", "aten::nll_loss_forward.output", "aten::nll_loss_backward.grad_input",
-             "aten::_log_softmax_backward_data.out"},
-    "adam": {"aten::lerp.Scalar_out", "aten::addcmul.out", "aten::addcdiv.out", "aten::sqrt.out"},
+    "group norm": {"aten::native_group_norm", "aten::native_group_norm_backward"},
+    "activation": {"aten::gelu.out", "aten::gelu_backward.grad_input"},
+    "pooling": {"aten::max_pool2d_with_indices.out", "aten::max_pool2d_with_indices_backward.grad_input"},
+    "adamax": {"aten::abs.out", "aten::clamp_min.Tensor_out"},
 }
 
 
@@ -213,8 +215,8 @@ def test_operators_one_kernel_serves_are_merged_and_the_others_get_a_reason(rend
     stats = {
         "aten::mse_loss.out": [2, 0.25],
         "aten::mse_loss": [1, 0.5],
-        "aten::lerp_.Scalar": [4, 0.01],
-        "aten::lerp.Scalar_out": [4, 0.02],
+        "aten::atan2_": [4, 0.01],
+        "aten::atan2.out": [4, 0.02],
         "aten::_values": [3, 0.0],  # a view of sparse tensors only: no CPU kernel to take its geometry from
         "aten::dropout": [1, 0.0],
         "myns::custom": [1, 1.0],
@@ -224,15 +226,15 @@ def test_operators_one_kernel_serves_are_merged_and_the_others_get_a_reason(rend
     by = {tuple(sorted(e.names)): e for e in entries}
     mse = by[("aten::mse_loss", "aten::mse_loss.out")]
     assert mse.target == "aten::mse_loss.out" and mse.reason is None and mse.calls == 3 and mse.seconds == 0.75
-    lerp = by[("aten::lerp.Scalar_out", "aten::lerp_.Scalar")]
-    assert lerp.target == "aten::lerp.Scalar_out" and lerp.calls == 8
+    atan2 = by[("aten::atan2.out", "aten::atan2_")]
+    assert atan2.target == "aten::atan2.out" and atan2.calls == 8
     assert by[("aten::_values",)].target is None and "returns a view but has no CPU kernel" in by[("aten::_values",)].reason
     assert by[("aten::dropout",)].target is None and "CompositeImplicitAutograd" in by[("aten::dropout",)].reason
     assert by[("myns::custom",)].target is None and "not an ATen operator" in by[("myns::custom",)].reason
     assert "rebuild" in by[("aten::mul.out",)].reason
     assert entries[0].names == ["myns::custom"] and entries[1] is mse  # ranked by time
     targets = [e.target for e in entries if e.target and e.reason is None]
-    assert prof.add_op_command(targets, None) == "backendgen add-op aten::mse_loss.out aten::lerp.Scalar_out"
+    assert prof.add_op_command(targets, None) == "backendgen add-op aten::mse_loss.out aten::atan2.out"
     assert prof.add_op_command(["aten::abs.out"], Path("/tmp/my project")) == \
         "backendgen add-op aten::abs.out --project '/tmp/my project'"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -137,6 +138,10 @@ def assert_on_current_template(root: Path) -> None:
     assert "kernels::common_device(" in mse and project.find_op("aten::mse_loss") is not None
     abs_kernel = (root / KERNEL).read_text()
     assert "kernels::common_device(\"aten::abs.out\"" in abs_kernel and not registration.is_pristine(abs_kernel)
+    # the kernels a fresh project has: the first model's operators and the derived view kernels
+    for op, kernel in (("aten::mm.out", "mm.cpp"), ("aten::native_batch_norm", "native_batch_norm.cpp"),
+                       ("aten::view_as_real", "view_as_real.cpp")):
+        assert project.find_op(op) is not None and (root / "csrc/aten/ops" / kernel).is_file(), op
     for marker in ("<<<<<<<", ">>>>>>>"):
         assert not any(marker in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
 
@@ -283,6 +288,23 @@ def test_a_file_the_team_did_not_edit_never_conflicts(old_backendgen, tmp_path):
     assert (root / TEAM_FILE).read_text() == "// the team's own file\nnamespace team {}\n"
     assert_on_current_template(root)
     assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
+
+
+def test_update_adds_the_default_kernels_except_those_the_team_registers(old_backendgen, tmp_path):
+    """A project from before the first model's operators were default ops gets their kernels (as
+    `new` writes them), except one its own C++ registers already: two registrations abort the load."""
+    root = _copy(old_backendgen(9, DEVICE_30), tmp_path / "p")
+    mine = "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n  m.impl(\"mm.out\", TORCH_FN(team::mm_out));\n}\n"
+    (root / TEAM_FILE).write_text("// the team's own matrix product\n" + mine)
+    _commit(root, "team mm")
+    out = run_cli("update", "--no-build", "--project", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "aten::mm.out: not added, your C++ registers aten::mm.out at PrivateUse1" in out.stdout, out.stdout
+    assert not (root / "csrc/aten/ops/mm.cpp").exists() and Project.load(root).find_op("aten::mm.out") is None
+    assert re.search(r"added\s+csrc/aten/ops/addmm\.cpp", out.stdout), out.stdout
+    assert (root / "tests/ops/test_view_as_real.py").is_file() and Project.load(root).find_op("aten::view_as_real")
+    registered = (root / REGISTRATION_FILE).read_text()
+    assert 'm.impl("addmm.out"' in registered and 'm.impl("mm.out"' not in registered
 
 
 def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
