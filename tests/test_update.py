@@ -139,7 +139,7 @@ def assert_on_current_template(root: Path) -> None:
     abs_kernel = (root / KERNEL).read_text()
     assert "kernels::common_device(\"aten::abs.out\"" in abs_kernel and not registration.is_pristine(abs_kernel)
     # the kernels a fresh project has: the first model's operators and the derived view kernels
-    for op, kernel in (("aten::mm.out", "mm.cpp"), ("aten::native_batch_norm", "native_batch_norm.cpp"),
+    for op, kernel in (("aten::mm.out", "mm.cpp"), ("aten::native_batch_norm_backward", "native_batch_norm_backward.cpp"),
                        ("aten::view_as_real", "view_as_real.cpp")):
         assert project.find_op(op) is not None and (root / "csrc/aten/ops" / kernel).is_file(), op
     for marker in ("<<<<<<<", ">>>>>>>"):

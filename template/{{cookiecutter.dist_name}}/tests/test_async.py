@@ -198,6 +198,15 @@ def test_record_stream_keeps_a_kernels_input_until_the_kernel_ran(mod):
     assert torch.equal(_kernel_reads_a_freed_input(mod, record=True), torch.full((N,), 3.0))
 
 
+def test_an_error_inside_a_queued_kernel_is_raised_at_the_next_synchronize(mod):
+    logp = torch.randn(4, 5, device=DEVICE).log_softmax(1)
+    target = torch.tensor([0, 1, 7, 2], device=DEVICE)  # 7 is out of range: only the kernel looks
+    torch.nn.functional.nll_loss(logp, target)  # a launch: returns before the kernel ran
+    with pytest.raises(RuntimeError, match=r"nll_loss.*Target 7 is out of bounds"):
+        mod.synchronize()  # as CUDA reports an asynchronous error, naming the kernel
+    assert torch.equal((torch.ones(2, device=DEVICE) * 3).cpu(), torch.full((2,), 3.0))  # reported once
+
+
 def test_the_caching_allocator_keeps_freed_memory_until_empty_cache(mod):
     mod.empty_cache()
     reserved = torch.accelerator.memory_stats(0)["reserved_bytes.all.current"]
