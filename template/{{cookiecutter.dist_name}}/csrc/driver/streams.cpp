@@ -161,10 +161,23 @@ void fail(State& s, const char* name, const char* what) {  // mu held
 }
 
 constexpr int64_t kSpinUs = 50;  // how long an idle worker watches for work before it sleeps
+constexpr size_t kBatch = 32;    // work items a worker takes from a stream at once
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#else
+  std::this_thread::yield();
+#endif
+}
 
 // The device's "hardware": runs queued work of all its streams until the process ends.
 void worker(int device) {
   on_worker = true;
+  std::vector<Item> batch;
+  std::vector<int64_t> times;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
@@ -214,27 +227,47 @@ void worker(int device) {
       continue;
     }
     if (pick != nullptr) {
-      Item item = std::move(pick->queue.front());
-      pick->queue.pop_front();
+      // The stream's next work items, up to kBatch of them up to its next record or wait: run
+      // outside the lock, one lock round for all of them (a host launching small kernels and this
+      // thread then rarely meet on the lock).
+      batch.clear();
+      while (!pick->queue.empty() && pick->queue.front().kind == Item::work && batch.size() < kBatch) {
+        batch.push_back(std::move(pick->queue.front()));
+        pick->queue.pop_front();
+      }
       pick->running = true;
       const bool tracing = s.tracing;
       lock.unlock();
-      const int64_t start = tracing ? now_ns() : 0;
-      const char* error = nullptr;
+      times.assign(batch.size() * (tracing ? 2 : 0), 0);
+      const char* failed = nullptr;
       std::string what;
-      try {
-        item.fn();
-      } catch (const std::exception& e) {
-        what = e.what();
-        error = what.c_str();
-      } catch (...) {
-        error = "unknown exception";
+      for (size_t i = 0; i < batch.size(); ++i) {
+        Item& item = batch[i];
+        if (tracing) times[2 * i] = now_ns();
+        try {
+          item.fn();
+        } catch (const std::exception& e) {
+          if (failed == nullptr) {
+            what = e.what();
+            failed = item.name;
+          }
+        } catch (...) {
+          if (failed == nullptr) {
+            what = "unknown exception";
+            failed = item.name;
+          }
+        }
+        if (tracing) times[2 * i + 1] = now_ns();
+        item.fn = nullptr;  // destroy what the work captured before taking the lock
       }
-      const int64_t end = tracing ? now_ns() : 0;
-      item.fn = nullptr;  // destroy what the work captured before taking the lock
       lock.lock();
-      if (tracing) trace(s, item.activity, item.name, device, pick->id, start, end, item.correlation);
-      if (error != nullptr) fail(s, item.name, error);
+      if (tracing) {
+        for (size_t i = 0; i < batch.size(); ++i) {
+          trace(s, batch[i].activity, batch[i].name, device, pick->id, times[2 * i], times[2 * i + 1],
+                batch[i].correlation);
+        }
+      }
+      if (failed != nullptr) fail(s, failed, what.c_str());
       pick->running = false;
       notify(s);
       continue;
@@ -244,7 +277,7 @@ void worker(int device) {
     const uint64_t seen = s.changes.load(std::memory_order_acquire);
     lock.unlock();
     const Clock::time_point spin_until = std::min(wake, Clock::now() + std::chrono::microseconds(kSpinUs));
-    while (s.changes.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) std::this_thread::yield();
+    while (s.changes.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) cpu_relax();
     lock.lock();
     if (s.changes.load(std::memory_order_acquire) != seen) continue;
     ++s.waiting;
