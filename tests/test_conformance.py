@@ -61,8 +61,9 @@ def test_a_broken_kernel_is_caught_and_an_aborting_one_is_isolated(project_copy)
     marker = "  // ---- end of device computation"
     abs_cpp, exp2_cpp = root / "csrc/aten/ops/abs.cpp", root / "csrc/aten/ops/exp2.cpp"
     assert marker in abs_cpp.read_text() and marker in exp2_cpp.read_text()
-    abs_cpp.write_text(abs_cpp.read_text().replace(marker, "  out.add_(1);  // wrong on purpose\n" + marker, 1))
-    exp2_cpp.write_text(exp2_cpp.read_text().replace(marker, "  std::abort();  // crashes on purpose\n" + marker, 1))
+    # in every path of the kernel: the queued one and the calling thread's (an out= call that resizes)
+    abs_cpp.write_text(abs_cpp.read_text().replace(marker, "  out.add_(1);  // wrong on purpose\n" + marker))
+    exp2_cpp.write_text(exp2_cpp.read_text().replace(marker, "  std::abort();  // crashes on purpose\n" + marker))
     built = run_cli("build", "--project", str(root))
     assert built.returncode == 0, built.stdout + built.stderr
 

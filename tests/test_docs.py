@@ -39,8 +39,11 @@ COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
 _MUTATES = "changes the session's project or reinstalls the backend other tests use"
 SKIP = {
     "backendgen test":
-        "runs the quick suite through build.run_tests, as `backendgen build --test` does just before it in "
-        "test_documented_commands_that_change_the_project_run_in_a_copy (a second run of the same suite costs a minute)",
+        "runs the quick suite (build.run_tests), as the session's `new` does and `backendgen test --compile "
+        "--distributed --models` does first (conftest.py's opt_in_run)",
+    "backendgen build --test":
+        "a build (run in the copy below) then the quick suite: tests/test_torch_matrix.py::test_upgrade_2_13_0_to_2_14_1 "
+        "runs it as documented, and tests/test_wheel.py runs `build --wheel --test`",
     'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"':
         "sets up this repository's environment: what .ci/run does before running this suite",
     ("README.md", "pytest"): "this repository's test suite: the one running this test",
@@ -94,7 +97,6 @@ IN_COPY = [
     "python setup.py build_ext --inplace",
     'pip install --no-build-isolation -e ".[test]"',
     "backendgen check --accept",
-    "backendgen build --test",
     "python -m tests.conformance.runner -k abs --dtype float32 --dtype int64 --samples 10",
 ]
 
