@@ -1,3 +1,3 @@
-from backendgen.cli import main
+from backendgen.cli.app import main
 
 main()

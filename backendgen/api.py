@@ -16,14 +16,18 @@ import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen import (__version__, addop, amp, build, consistency, faults, history, kernelgen, manifest, naming,
-                        registration, render)
-from backendgen.addop import AddOpsResult, RemoveOpsResult
-from backendgen.drift import Drift, classify
-from backendgen.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
-from backendgen.opdb import OpDB, load_opdb, torch_info
-from backendgen.progress import Reporter
-from backendgen.project import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
+from backendgen import __version__
+from backendgen.commands import addop, consistency
+from backendgen.project import amp, history, manifest, naming, render
+from backendgen.toolchain import build
+from backendgen.plumbing import faults
+from backendgen.kinds import kernelgen, registration
+from backendgen.commands.addop import AddOpsResult, RemoveOpsResult
+from backendgen.torchdb.drift import Drift, classify
+from backendgen.plumbing.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
+from backendgen.torchdb.opdb import OpDB, load_opdb, torch_info
+from backendgen.plumbing.progress import Reporter
+from backendgen.project.on_disk import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
 
 
 # --- new ---------------------------------------------------------------------------------------
@@ -135,7 +139,7 @@ def _initial_metadata(names: naming.Names, devices: int, db: OpDB, tpl: manifest
         "format": METADATA_FORMAT,
         "backendgen_version": __version__,
         "template_version": str(tpl.template_version),
-        "template_state": history.current_state(),  # the exact template (backendgen.template_tree)
+        "template_state": history.current_state(),  # the exact template (backendgen.project.template_tree)
         **names.context(),
         "num_devices": devices,
         "torch": {"version": db.torch_version, "native_functions_sha256": db.yaml_sha256},
@@ -197,7 +201,7 @@ def add_ops(
     """Give the named ATen operators kernels of the backend's own (and their tests), define the
     backend's own operator `<device>::NAME` (`schema`, `body`, `autograd`), or override the
     derivative of ATen operators (`autograd`); then build and test. One transaction: a failure puts
-    every file back unless `keep_on_failure`. The engine is backendgen.addop."""
+    every file back unless `keep_on_failure`. The engine is backendgen.commands.addop."""
     if not names:
         raise UserError("name at least one operator, e.g. aten::mul.Tensor")
     project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
@@ -449,11 +453,11 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
                  dtypes: list[str] | None = None, samples: int | None = None, workers: int | None = None,
                  strict: bool = False, write_expected: Path | None = None,
                  reporter: Reporter | None = None) -> TestResult:
-    """Run the project's tests; with `opinfo` also its conformance suite (backendgen.conformance);
+    """Run the project's tests; with `opinfo` also its conformance suite (backendgen.toolchain.conformance);
     then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed", "models"). Failures
     are in the result (exit_code 1); bad arguments raise UserError."""
-    from backendgen import conformance
-    from backendgen.errors import TestFailure
+    from backendgen.toolchain import conformance
+    from backendgen.plumbing.errors import TestFailure
 
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
@@ -502,7 +506,7 @@ def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bo
     without warnings under `strict`) then records that the project targets the installed torch:
     its version, its native_functions.yaml hash, and the schemas and C++ signatures of the
     operators that changed only in names (report.accepted says what; add-op works again)."""
-    from backendgen.check import check_project
+    from backendgen.commands.check import check_project
 
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
     if not accept:
@@ -554,7 +558,7 @@ def profile(script: Path, args: list[str] | None = None, project_dir: Path | Non
     The script's output goes where this process's goes (`stdout_to_stderr`: its stdout to stderr,
     to keep stdout for a machine-readable report). A script that fails still gets its profile: its
     exit status is in the result."""
-    from backendgen import profile as prof
+    from backendgen.commands import profile as prof
 
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
     script = Path(script)
@@ -598,7 +602,7 @@ def profile(script: Path, args: list[str] | None = None, project_dir: Path | Non
 def update_project(project_dir: Path | None = None, *, dry_run: bool = False, torch_signatures: bool = False,
                    build_it: bool = True, test_it: bool = True, allow_dirty: bool = False,
                    keep_on_failure: bool = False, reporter: Reporter | None = None):
-    """Carry a project to the current template (backendgen.update): tool-owned files rewritten, the
+    """Carry a project to the current template (backendgen.commands.update): tool-owned files rewritten, the
     others merged 3-way so no hand edit is lost, add-op's kernels brought to the current kernel
     shape. With `torch_signatures`, first re-derive every recorded operator's signature from the
     installed torch and fix the kernels where only types changed; then check.
@@ -607,9 +611,9 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
     markers, listed in the result (exit_code 1) and recorded; nothing is built then. A project in a
     git work tree with uncommitted changes is refused unless `allow_dirty`. `dry_run`: the
     result's diff says what would change, nothing is written."""
-    from backendgen import update as upd
-    from backendgen.check import check_project
-    from backendgen.project import METADATA_FILE
+    from backendgen.commands import update as upd
+    from backendgen.commands.check import check_project
+    from backendgen.project.on_disk import METADATA_FILE
 
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))

@@ -80,9 +80,9 @@ def main() -> None:
 
     root = project_of(device, opts.project)
     try:
-        from backendgen.opdb import load_opdb
-        from backendgen.profile import add_op_command, analyze
-        from backendgen.project import Project
+        from backendgen.torchdb.opdb import load_opdb
+        from backendgen.commands.profile import add_op_command, analyze
+        from backendgen.project.on_disk import Project
     except ImportError:
         root = None  # backendgen is not installed here: list the operators only
     if root is None:

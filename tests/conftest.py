@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build
+from backendgen import api
+from backendgen.toolchain import build
 
 # The session installs a generated backend (editable) into this environment. This process started
 # before that install, so its import system cannot find the package that torch's autoload entry
@@ -114,11 +115,11 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
 
 
 def patch_integration_point(monkeypatch, name: str, change) -> None:
-    """Make `backendgen.manifest.load()` return the template's manifest with integration point
+    """Make `backendgen.project.manifest.load()` return the template's manifest with integration point
     `name` changed: `change(point)` returns the fields to replace (e.g. an API no torch has)."""
     import dataclasses
 
-    from backendgen import manifest
+    from backendgen.project import manifest
 
     real = manifest.load()
     points = tuple(dataclasses.replace(p, **change(p)) if p.name == name else p for p in real.integration_points)

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from backendgen import api, build
+from backendgen import api
+from backendgen.toolchain import build
 from conftest import run_cli
 
 FUSED_CELLS = ["aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
@@ -118,9 +119,9 @@ SUMMARY = ("SKIPPED [1] tests/ops/test_foo.py:33: no OpInfo sample calls aten::f
 
 def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
     """add-op's test step returns the skips of the new tests' run (its log's -rs summary)."""
-    from backendgen import addop
-    from backendgen.progress import Reporter
-    from backendgen.project import Project
+    from backendgen.commands import addop
+    from backendgen.plumbing.progress import Reporter
+    from backendgen.project.on_disk import Project
 
     def run_tests(root, paths, *, name):
         assert paths == ["tests/ops/test_foo.py"]
@@ -140,7 +141,7 @@ def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
 def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
     from typer.testing import CliRunner
 
-    from backendgen import cli
+    from backendgen.cli import app as cli
 
     def add_ops(names, project_dir, **kwargs):
         res = api.AddOpsResult(project, added=["aten::foo"], files=[project / "csrc/aten/ops/foo.cpp"], built=True,

@@ -1,4 +1,4 @@
-"""The fast rebuild (backendgen.build.BuildRecord): when ninja and the link alone are exact, and
+"""The fast rebuild (backendgen.toolchain.build.BuildRecord): when ninja and the link alone are exact, and
 every change that sends a build back through setup.py. The end-to-end edit loop on a real build is
 in test_e2e.py."""
 
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from backendgen import build
+from backendgen.toolchain import build
 
 LINK_LINE = ("g++ -shared /p/build/temp.linux-x86_64-cpython-311/build/unity/aten.o -L/t/lib -lc10 "
              "-o build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so -Wl,-s")

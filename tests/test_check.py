@@ -6,8 +6,8 @@ import json
 import shutil
 import subprocess
 
-from backendgen.check import check_project
-from backendgen.project import Project
+from backendgen.commands.check import check_project
+from backendgen.project.on_disk import Project
 from conftest import run_cli
 
 
@@ -198,7 +198,7 @@ def test_not_built(rendered_project, tmp_path):
 
 def test_renamed_argument_keeps_the_kernel_signature():
     """2.13 -> 2.14 renamed _cdist_backward's `grad` to `grad_output`: the kernel still fits."""
-    from backendgen.drift import signature_types
+    from backendgen.torchdb.drift import signature_types
 
     old = "at::Tensor _cdist_backward(const at::Tensor & grad, const at::Tensor & x1, double p)"
     new = "at::Tensor _cdist_backward(const at::Tensor & grad_output, const at::Tensor & x1, double p)"
@@ -207,8 +207,8 @@ def test_renamed_argument_keeps_the_kernel_signature():
 
 
 def test_drift_is_classified_once_for_check_and_update():
-    from backendgen.drift import Drift, argument_names, classify
-    from backendgen.opdb import load_opdb
+    from backendgen.torchdb.drift import Drift, argument_names, classify
+    from backendgen.torchdb.opdb import load_opdb
 
     op = load_opdb().resolve("topk")
     renamed = op.signature.replace(" k,", " kk,")
@@ -237,8 +237,8 @@ def test_device_module_attribute_torch_reads_is_named_when_missing(project_copy)
 
 
 def test_device_module_reads_found_in_torch_sources():
-    from backendgen import devmodule, manifest
-    from backendgen.environment import installed_torch
+    from backendgen.project import devmodule, manifest
+    from backendgen.plumbing.environment import installed_torch
 
     torch = installed_torch()
     reads = devmodule.scan(torch.torch_dir)
@@ -254,8 +254,8 @@ def test_device_module_reads_found_in_torch_sources():
 def test_where_a_kernel_was_registered_is_read_absolute_or_relative_to_the_build(rendered_project):
     """A build served by ccache (the project as its base directory) records source paths relative to
     the compiler's directory; either form must name the project's registration file or the kernel's."""
-    from backendgen import check as check_module
-    from backendgen.project import Project
+    from backendgen.commands import check as check_module
+    from backendgen.project.on_disk import Project
 
     project = Project.load(rendered_project)
     source = "csrc/aten/ops/abs.cpp"

@@ -13,7 +13,7 @@ from conftest import read_only, run_cli, unique_device
 def test_help_does_not_import_torch():
     out = run_cli("--help")
     assert out.returncode == 0 and "add-op" in out.stdout
-    probe = "import sys, backendgen.cli; sys.argv=['backendgen','--help']\ntry:\n backendgen.cli.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    probe = "import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\ntry:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     import subprocess
 
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)

@@ -7,15 +7,15 @@ import re
 import pytest
 import typer
 
-from backendgen import clidoc
-from backendgen.cli import app
+from backendgen.cli import clidoc
+from backendgen.cli.app import app
 from conftest import run_cli
 
 
 def test_docs_cli_md_is_what_the_app_renders():
     current = clidoc.DOC.read_text() if clidoc.DOC.is_file() else ""
     if current != clidoc.render():
-        pytest.fail(f"docs/cli.md is out of date with backendgen/cli.py; regenerate it: {clidoc.REGENERATE}")
+        pytest.fail(f"docs/cli.md is out of date with backendgen/cli/app.py; regenerate it: {clidoc.REGENERATE}")
 
 
 def _sections(text: str) -> dict[str, str]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 import shutil
 
-from backendgen.check import check_project
-from backendgen.project import COMPILE_TESTS, Project
+from backendgen.commands.check import check_project
+from backendgen.project.on_disk import COMPILE_TESTS, Project
 from conftest import patch_integration_point, run_cli
 
 COMMON = "_inductor/codegen/common.py"

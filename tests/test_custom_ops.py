@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from backendgen import api, customop
-from backendgen.errors import ProjectError, UserError
-from backendgen.project import REGISTRATION_FILE
+from backendgen import api
+from backendgen.kinds import customop
+from backendgen.plumbing.errors import ProjectError, UserError
+from backendgen.project.on_disk import REGISTRATION_FILE
 from conftest import run_cli
 
 

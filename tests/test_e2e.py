@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from backendgen import api, build
-from backendgen.errors import BuildError
+from backendgen import api
+from backendgen.toolchain import build
+from backendgen.plumbing.errors import BuildError
 from conftest import run_cli
 
 # The operators issue #3 asks CI to add: structured, out=, in-place, multi-output, Tensor?[],

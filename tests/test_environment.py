@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build, opdb, support
-from backendgen.errors import EnvironmentProblem
+from backendgen import api
+from backendgen.toolchain import build
+from backendgen.torchdb import opdb, support
+from backendgen.plumbing.errors import EnvironmentProblem
 from conftest import read_only, run_cli, unique_device
 
 
@@ -113,7 +115,7 @@ def test_a_missing_test_tool_is_one_line_from_the_cli(rendered_project, tmp_path
     shutil.copytree(rendered_project, root)
     script = ("import importlib.util as u, sys; real = u.find_spec\n"
               "u.find_spec = lambda name, *a: None if name == 'pytest' else real(name, *a)\n"
-              "from backendgen.cli import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()")
+              "from backendgen.cli.app import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()")
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     [line] = out.stderr.strip().splitlines()[-1:]
@@ -143,7 +145,7 @@ def test_a_plain_install_has_what_the_generated_tests_import(rendered_project):
 def tiny_install(tmp_path):
     """A real editable install (pip's own files) of a tiny package with the dist name a device's
     project would have: no extension, no entry point. Yields (device, dist name, its directory)."""
-    from backendgen import naming
+    from backendgen.project import naming
 
     device = unique_device("inst")
     dist = naming.derive(device, None).dist_name
@@ -259,7 +261,7 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
 
 
 def test_keep_on_failure_keeps_the_new_files_and_says_where(rendered_project, tmp_path, monkeypatch):
-    from backendgen.errors import BuildError
+    from backendgen.plumbing.errors import BuildError
 
     root = tmp_path / "p"
     shutil.copytree(rendered_project, root)
@@ -316,7 +318,7 @@ def test_read_only_site_packages_is_refused_before_anything_is_written(read_only
 
 
 def test_subprocess_env_sets_or_removes_autoload_and_prepends_to_pythonpath(monkeypatch, tmp_path):
-    from backendgen.environment import subprocess_env
+    from backendgen.plumbing.environment import subprocess_env
 
     monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")

@@ -1,7 +1,7 @@
 """Faults a user meets: signals at fixed phases, kills and reruns, read-only and full file systems,
 hand-edited metadata, encodings (docs/guarantees.md, "Faults").
 
-Signals are delivered at named phases through the test hook (backendgen/faults.py:
+Signals are delivered at named phases through the test hook (backendgen/plumbing/faults.py:
 BACKENDGEN_FAULT=PHASE=ACTION), never after a sleep. Projects are copies of the session's
 (tests/conftest.py); one test builds (the rerun after a SIGKILL), every other one stops before a
 compiler runs or needs no build."""
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from backendgen import api
-from backendgen.errors import EnvironmentProblem, UserError
+from backendgen.plumbing.errors import EnvironmentProblem, UserError
 from conftest import read_only, run_cli
 
 
@@ -130,7 +130,7 @@ def test_a_signal_from_outside_while_add_op_waits_rolls_back(rendered_copy, tmp_
 def test_new_interrupted_during_its_build_leaves_nothing_and_can_be_run_again(tmp_path, monkeypatch):
     """In-process, with the CLI's handlers installed (the session's backend is installed, so the
     CLI's `new` would refuse to build a second one before reaching the build)."""
-    from backendgen import interrupt
+    from backendgen.plumbing import interrupt
     from conftest import unique_device
 
     monkeypatch.setattr(api, "_check_no_other_backend", lambda dist_name: None)
@@ -184,7 +184,7 @@ def test_a_kill_between_recording_and_building_is_finished_by_the_rerun(killed_a
 def test_a_full_disk_while_the_library_is_installed_is_one_line(killed_and_rerun, tmp_path):
     """The build's last step copies the library into the package; with no space left there: one
     line, exit 2, and the package keeps the library it had."""
-    from backendgen import build
+    from backendgen.toolchain import build
 
     root, _ = killed_and_rerun
     package = json.loads((root / "backendgen.json").read_text())["package"]
@@ -222,7 +222,7 @@ def test_check_reports_a_record_its_files_and_library_do_not_match_and_build_nam
     """An operator recorded after the last build (what a kill between recording and building
     leaves), and a recorded kernel file deleted by hand: check reports both; build and add-op name
     the file instead of failing inside the compiler."""
-    from backendgen.check import Kind
+    from backendgen.commands.check import Kind
 
     root = built_copy
     api.add_ops(["abs.out"], root, build_it=False)
@@ -264,8 +264,9 @@ def test_an_empty_cxx_is_one_line(rendered_copy):
 
 
 def test_build_without_torch_is_one_line_and_keeps_the_build_record(built_copy, monkeypatch):
-    from backendgen import build, opdb
-    from backendgen.environment import InstalledTorch
+    from backendgen.toolchain import build
+    from backendgen.torchdb import opdb
+    from backendgen.plumbing.environment import InstalledTorch
 
     record = built_copy / build.RECORD
     record.write_text('{"format": 1}\n')

@@ -1,4 +1,4 @@
-"""backendgen.files: atomic replacement and hashes."""
+"""backendgen.plumbing.files: atomic replacement and hashes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from backendgen.files import replacing, sha256_of, sha256_text, write_atomic
+from backendgen.plumbing.files import replacing, sha256_of, sha256_text, write_atomic
 
 
 def test_write_atomic_text_and_bytes_keeps_the_mode(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import kernelgen
-from backendgen.errors import BackendgenError
-from backendgen.opdb import load_opdb
+from backendgen.kinds import kernelgen
+from backendgen.plumbing.errors import BackendgenError
+from backendgen.torchdb.opdb import load_opdb
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 

@@ -2,9 +2,10 @@
 
 import pytest
 
-from backendgen import kernelgen, manifest, registration
-from backendgen.errors import CompositeOpError, UserError
-from backendgen.opdb import load_opdb
+from backendgen.kinds import kernelgen, registration
+from backendgen.project import manifest
+from backendgen.plumbing.errors import CompositeOpError, UserError
+from backendgen.torchdb.opdb import load_opdb
 
 TEMPLATE_1 = manifest.load().features_of(1)  # kernel_support.h without common_device
 

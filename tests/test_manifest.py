@@ -1,4 +1,4 @@
-"""The template's manifest (template/template.json, backendgen/manifest.py) against the template
+"""The template's manifest (template/template.json, backendgen/project/manifest.py) against the template
 and the installed torch: fast, no build. A template change that forgets its manifest entry fails
 here, naming what was forgotten, rather than at a user's `backendgen check`."""
 
@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import check, contract, manifest, support
-from backendgen.check import check_project
-from backendgen.opdb import load_opdb
-from backendgen.project import Project
+from backendgen.commands import check
+from backendgen.project import contract, manifest
+from backendgen.torchdb import support
+from backendgen.commands.check import check_project
+from backendgen.torchdb.opdb import load_opdb
+from backendgen.project.on_disk import Project
 from conftest import patch_integration_point
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""backendgen.merge: the 3-way merge of one file, with git and with its own diff3."""
+"""backendgen.project.merge: the 3-way merge of one file, with git and with its own diff3."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from backendgen.merge import has_markers, merge3
+from backendgen.project.merge import has_markers, merge3
 
 BASE = "".join(f"line {i}\n" for i in range(1, 11))
 WAYS = [pytest.param(True, id="git"), pytest.param(False, id="python")]

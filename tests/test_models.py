@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from backendgen.project import MODEL_TESTS
+from backendgen.project.on_disk import MODEL_TESTS
 from conftest import run_cli
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from backendgen.errors import UnknownOpError, UserError
-from backendgen.opdb import load_opdb, torch_info
+from backendgen.plumbing.errors import UnknownOpError, UserError
+from backendgen.torchdb.opdb import load_opdb, torch_info
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_bad_op_names(db, name, match):
 
 
 def test_cache_is_keyed_by_version_and_hash_and_survives_corruption(tmp_path, monkeypatch):
-    import backendgen.opdb as opdb
+    import backendgen.torchdb.opdb as opdb
 
     monkeypatch.setenv("BACKENDGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(opdb, "_MEMO", {})

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, build
-from backendgen import profile as prof
-from backendgen.opdb import load_opdb
-from backendgen.project import Project
+from backendgen import api
+from backendgen.toolchain import build
+from backendgen.commands import profile as prof
+from backendgen.torchdb.opdb import load_opdb
+from backendgen.project.on_disk import Project
 from conftest import run_cli
 
 # A small CNN training step with Adamax; the device comes from the script's own arguments. Its layers

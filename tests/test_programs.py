@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backendgen.environment import subprocess_env
+from backendgen.plumbing.environment import subprocess_env
 
 
 def _run(name: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def test_programs_import_no_other_backendgen_module():
             "backendgen.programs.torch_names, backendgen.programs.profile_runner; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('backendgen') or m == 'torch')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["backendgen", "backendgen.files", "backendgen.programs", "backendgen.programs.probe",
+    assert json.loads(out.stdout) == ["backendgen", "backendgen.plumbing.files", "backendgen.programs", "backendgen.programs.probe",
                                       "backendgen.programs.profile_runner", "backendgen.programs.torch_names",
                                       "backendgen.programs.warm_pytest"]
 

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from backendgen.errors import LockedError, ProjectError
-from backendgen.project import METADATA_FILE, Project, Transaction
+from backendgen.plumbing.errors import LockedError, ProjectError
+from backendgen.project.on_disk import METADATA_FILE, Project, Transaction
 
 
 def test_rendered_project_metadata_records_everything(rendered_project):

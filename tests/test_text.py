@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from backendgen.output import visible
+from backendgen.cli.output import visible
 from conftest import run_cli, unique_device
 
 # text rich (or jinja, for a path cookiecutter renders) would read as markup

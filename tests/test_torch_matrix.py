@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import support
+from backendgen.torchdb import support
 from conftest import unique_device
 
 pytestmark = pytest.mark.slow

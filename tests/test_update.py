@@ -16,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from backendgen import api, history, manifest, naming, registration, render, template_tree, update
-from backendgen.opdb import load_opdb
-from backendgen.project import REGISTRATION_FILE, Project, Transaction
+from backendgen import api
+from backendgen.project import history, manifest, naming, render, template_tree
+from backendgen.kinds import registration
+from backendgen.commands import update
+from backendgen.torchdb.opdb import load_opdb
+from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
 from conftest import run_cli, unique_device
 
 REPO = Path(__file__).resolve().parent.parent
 CURRENT = history.current_version()
-# The last commit of each template version: what a user of that release had (backendgen/history.py).
+# The last commit of each template version: what a user of that release had (backendgen/project/history.py).
 # Template 1 is the one without the manifest's common_device feature (kernel_support.h without common_device).
 RELEASES = {1: "b423b73^", 2: "24570a6^", 3: "fe16aed^", 4: "c9773cd^", 5: "bcfcf5a^", 6: "ba6b476", 7: "66f787d",
             8: "87cc645", 9: "5739e41", 10: "37bea23"}
@@ -154,13 +157,13 @@ def _tree(root: Path) -> dict[str, str]:
 # --- the stored states -------------------------------------------------------------------------------
 
 def test_every_state_of_every_earlier_template_is_stored():
-    """Whoever bumps the template to N+1 must first store N's states: python -m backendgen.history --snapshot."""
-    assert history.missing_versions() == [], "python -m backendgen.history --snapshot (see backendgen/history.py)"
+    """Whoever bumps the template to N+1 must first store N's states: python -m backendgen.project.history --snapshot."""
+    assert history.missing_versions() == [], "python -m backendgen.project.history --snapshot (see backendgen/project/history.py)"
     for state in history.states():  # each stored state is what its name says
         assert template_tree.state_hash_of(dict(state.files)) == state.hash
     if shutil.which("git") is not None and _has_history():  # every state git history has, none missing
         assert {s["tree"] for s in history.git_states(REPO, CURRENT)} == {s.tree for s in history.states()}, \
-            "python -m backendgen.history --snapshot"
+            "python -m backendgen.project.history --snapshot"
     for version in range(1, CURRENT + 1):
         with history.template_of(version) as tpl:
             assert int(json.loads((tpl / "template.json").read_text())["template_version"]) == version
@@ -329,7 +332,7 @@ def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_
     """The template changes between releases without its version changing: a project that records an
     earlier state of the current version is merged from that state, like one of an earlier version."""
     earlier = history.states(CURRENT)
-    assert earlier, "python -m backendgen.history --snapshot: the current version's earlier states are stored too"
+    assert earlier, "python -m backendgen.project.history --snapshot: the current version's earlier states are stored too"
     state = earlier[0]
     root = _copy(rendered_project, tmp_path / "p")
     project = Project.load(root)
@@ -429,7 +432,7 @@ def _wheel_cli(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProce
 
 
 def test_update_and_new_from_a_wheel_install(wheel_python, old_backendgen, tmp_path):
-    where = subprocess.run([str(wheel_python), "-c", "import backendgen.history as h, backendgen.manifest as m\n"
+    where = subprocess.run([str(wheel_python), "-c", "import backendgen.project.history as h, backendgen.project.manifest as m\n"
                             "print(h.__file__); print(m.template_dir()); print(h.current_state()); print(len(h.states()))"],
                            cwd=tmp_path, capture_output=True, text=True)
     module, template, state, stored = where.stdout.split()

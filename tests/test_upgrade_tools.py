@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
-from backendgen import api, registration
-from backendgen.errors import ProjectError
-from backendgen.project import REGISTRATION_FILE, Project
+from backendgen import api
+from backendgen.kinds import registration
+from backendgen.plumbing.errors import ProjectError
+from backendgen.project.on_disk import REGISTRATION_FILE, Project
 from conftest import run_cli
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backendgen import support
+from backendgen.torchdb import support
 from tests.conftest import run_cli
 
 TORCH = importlib.metadata.version("torch")  # e.g. 2.13.0+cpu
@@ -160,7 +160,7 @@ def test_wheel_options_are_checked(built_project):
 def test_a_missing_repair_tool_is_one_line_naming_what_to_install(rendered_project, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from backendgen import cli
+    from backendgen.cli import app as cli
 
     project = tmp_path / "project"
     shutil.copytree(rendered_project, project)

@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 
-from backendgen.files import write_atomic
+from backendgen.plumbing.files import write_atomic
 
 
 def _write(path: str, data: dict) -> None:

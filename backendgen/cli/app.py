@@ -1,0 +1,512 @@
+"""The `backendgen` command line: parses arguments, calls `backendgen.api`, shows the outcome.
+
+Errors from the library (`BackendgenError`) become one line on stderr and the exit code they
+carry (2 bad input, 1 build or test failure); `--debug` shows the traceback instead. Nothing
+heavy (torch, torchgen, cookiecutter) is imported before a command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from backendgen import __version__
+
+app = typer.Typer(
+    name="backendgen",
+    help="Generate, extend and check out-of-tree PyTorch backends on the PrivateUse1 dispatch key.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: typer's rich help imports a Markdown parser (~0.15 s per call)
+)
+_state = {"debug": False, "quiet": False}
+
+
+def _out(stderr: bool = False):
+    """Where every line of the CLI goes (backendgen.cli.output: outside text is shown verbatim)."""
+    from backendgen.cli.output import Output
+
+    return Output(stderr=stderr)
+
+
+def _reporter():
+    from backendgen.plumbing.progress import ConsoleReporter
+
+    return ConsoleReporter(_out(), quiet=_state["quiet"])
+
+
+def _handles_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from backendgen.plumbing.errors import BackendgenError
+
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except BackendgenError as e:
+            if _state["debug"]:
+                raise
+            from backendgen.cli.output import styled
+
+            err = _out(stderr=True)
+            err.print(styled("error:", "red"), " ", str(e))
+            if getattr(e, "hint", None):
+                err.print("  ", e.hint)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (backendgen.plumbing.interrupt)
+            from backendgen.plumbing import interrupt
+
+            why = f" by {e.args[0]}" if isinstance(e, interrupt.Interrupted) else ""
+            _out(stderr=True).print(f"interrupted{why}; rolled back: nothing was left half-written")
+            raise typer.Exit(interrupt.exit_code(e)) from None
+        except Exception as e:  # a bug in backendgen: say so in one line
+            if _state["debug"]:
+                raise
+            _out(stderr=True).print(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"backendgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors and the final line.")] = False,
+):
+    _state["debug"] = debug
+    _state["quiet"] = quiet
+
+
+@app.command(short_help="Generate a backend repository, build it and run its tests.")
+@_handles_errors
+def new(
+    name: Annotated[str, typer.Argument(help="Device name: lower-case letters and _ (torch.device(NAME)).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
+    package: Annotated[Optional[str], typer.Option(help="Python package name [default: torch_NAME].")] = None,
+    devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Render only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the generated tests.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an earlier generated project (kept as a backup).")] = False,
+):
+    """Emit a complete PrivateUse1 backend repository, build it and run its tests."""
+    from backendgen import api
+
+    res = api.new_backend(
+        name, output, package=package, devices=devices, build_it=not no_build, test_it=not no_test, force=force,
+        reporter=_reporter(),
+    )
+    from backendgen.cli.output import styled
+
+    con = _out()
+    for note in res.notes:
+        con.print(f"note: {note}")
+    if res.backup:
+        con.print(f"the previous project was moved to {res.backup}")
+    state = "built and tested" if res.tested else "built" if res.built else "rendered (not built)"
+    con.print(styled(res.names.device, "bold green"), f" backend {state} in {res.root}")
+    if not _state["quiet"]:
+        con.print("next steps:")
+        con.print(f"  cd {res.root}")
+        if not res.built:
+            con.print("  pip install --no-build-isolation -e \".[test]\"")
+        con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
+        con.print("  backendgen add-op aten::abs.out      # add a native kernel")
+        con.print("  backendgen build --test              # after editing a kernel")
+        con.print("  backendgen check                     # after a torch upgrade")
+
+
+@app.command("add-op", short_help="Add kernels, registrations and tests for operators.")
+@_handles_errors
+def add_op(
+    ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend.")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    schema: Annotated[Optional[str], typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
+    body: Annotated[Optional[str], typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its arguments, e.g. \"x * alpha\".")] = None,
+    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace PyTorch's derivative on the device.")] = False,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
+    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the new files if the build or test fails.")] = False,
+):
+    """Add a correctly-typed kernel, its registration and its test for each operator."""
+    from backendgen import api
+
+    res = api.add_ops(
+        ops, project, schema=schema, body=body, autograd=autograd, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
+        reporter=_reporter(),
+    )
+    from backendgen.cli.output import styled
+
+    con = _out()
+    for note in res.notes:
+        con.print(f"note: {note}")
+    for op in res.unchanged:
+        con.print(f"{op} is already native in this project")
+    verb = "would write" if dry_run else "wrote"
+    for f in res.files:
+        con.print(f"{verb} {f.relative_to(res.root)}")
+    if not res.files and not res.added:
+        con.print("nothing to do")
+    if res.added and not dry_run:
+        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+        skipped = sum(s.count for s in res.skipped)
+        if skipped:
+            state += f" ({skipped} of the new tests skipped)"
+        con.print(styled(", ".join(res.added), "green"), f": {state}")
+        for s in res.skipped:
+            con.print(styled("skipped", "yellow"), f" {s.count} in {s.path}: {s.reason}")
+
+
+@app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
+@_handles_errors
+def remove_op(
+    ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME.")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")] = False,
+    autograd: Annotated[bool, typer.Option("--autograd", help="Remove the autograd override of each aten:: operator (add-op --autograd).")] = False,
+):
+    """Remove the kernel file, its test, its registration and its record for each operator, in one
+    transaction; e.g. for an operator the installed torch removed. Rebuild afterwards (backendgen build)."""
+    from backendgen import api
+
+    res = api.remove_ops(ops, project, force=force, autograd=autograd)
+    out = _out()
+    for f in res.files:
+        out.print(f"removed {f.relative_to(res.root)}")
+    for b in res.backups:
+        out.print(f"kept a copy of your edited file: {b.relative_to(res.root)}")
+    out.print(f"{', '.join(res.removed)}: removed; rebuild with `backendgen build`")
+
+
+@app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
+@_handles_errors
+def build_cmd(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    test: Annotated[bool, typer.Option("--test", help="Run the project's tests after building.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")] = False,
+    wheel: Annotated[bool, typer.Option("--wheel", help="Build a wheel for the installed torch, repaired to a manylinux tag (auditwheel).")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")] = None,
+    torch_label: Annotated[bool, typer.Option("--torch-label", help="With --wheel: version X+torchA.B.C (not for PyPI: wheels for several torches side by side).")] = False,
+):
+    """Rebuild the backend after editing it: ninja and the link alone while what shaped the last
+    setup.py build is unchanged (a new kernel file included), else through setup.py, saying why.
+    With --wheel: the distributable, pinned to the installed torch (docs/user-guide.md, "Shipping wheels")."""
+    from backendgen import api
+    from backendgen.plumbing.errors import UserError
+
+    if wheel:
+        if test or full:
+            raise UserError("--wheel builds the wheel only: run `backendgen build --test` first, then --wheel")
+        res = api.build_wheel(project, out=out, torch_label=torch_label, reporter=_reporter())
+        from backendgen.cli.output import styled
+
+        _out().print(styled("wheel", "green"), f" {res.wheel} (requires {res.requires_torch or 'torch, unpinned'})")
+        return
+    if out or torch_label:
+        raise UserError("--out and --torch-label go with --wheel")
+    res = api.build_backend(project, test_it=test, full=full, reporter=_reporter())
+    how = res.how + (f": {res.why_full}" if res.why_full else "")
+    state = "built and tested" if res.tested else "built"
+    from backendgen.cli.output import styled
+
+    _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
+
+
+@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
+@_handles_errors
+def test_cmd(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
+    torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
+    distributed: Annotated[bool, typer.Option("--distributed", help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.")] = False,
+    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device against the CPU, eager and compiled.")] = False,
+    patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
+    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
+    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
+    write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
+):
+    """Run the project's tests; with --opinfo also its conformance suite (one summary line per
+    variant and dtype, then the first unexpected failure of each op); with --compile also its
+    torch.compile tests (tests/test_compile.py); with --distributed also its multi-process tests
+    (tests/distributed); with --models also its model suite (tests/models)."""
+    from backendgen import api
+
+    res = api.test_backend(
+        project, opinfo=opinfo, opt_in=[name for name, on in (("compile", torch_compile), ("distributed", distributed), ("models", models)) if on],
+        patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+        write_expected=write_expected, reporter=_reporter(),
+    )
+    out = _out()
+    if res.suite is not None:
+        for line in [res.suite.head, *res.suite.summary, *res.suite.failures, res.suite.tail, *res.suite.notes]:
+            out.print(line)
+        out.print(f"conformance log: {res.suite.log}")
+    if res.tests_failure:
+        out.print(f"project tests: {res.tests_failure}")
+    else:
+        out.print(f"project tests: passed (log: {res.tests_log})")
+    for run in res.opt_in:
+        out.print(f"{run.suite.what}: {run.failure or 'passed'} (log: {run.log})")
+    raise typer.Exit(res.exit_code)
+
+
+@app.command("ops", short_help="List operators: native, CPU fallback or a default kernel.")
+@_handles_errors
+def ops_cmd(
+    pattern: Annotated[Optional[str], typer.Argument(help="Glob or substring, e.g. 'mul*' or 'layer_norm'.")] = None,
+    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
+):
+    """List operators and, for this project (outside one: a new project from the current template), whether each
+    is native, falls back to CPU, has a default kernel, or has no CPU kernel for the fallback to run (CUDA-only
+    operators: they need a kernel written by hand)."""
+    from backendgen import api
+    from backendgen.cli.output import styled
+
+    rows = api.list_ops(pattern, project, required=required)
+    colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim", "no CPU kernel": "red"}
+    con = _out()
+    con.table(["operator", "status", "core"],
+              ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows))
+    con.print(f"{len(rows)} operators")
+
+
+amp_app = typer.Typer(help="Show or change the autocast (AMP) table: the policy torch.autocast applies to each operator.",
+                      no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(amp_app, name="amp")
+
+
+@amp_app.command("list", short_help="Show the autocast table.")
+@_handles_errors
+def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None):
+    """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
+    from backendgen import api
+
+    rows = api.amp_list(project)
+    con = _out()
+    con.table(["operator", "policy", "meaning"], ([r.op, r.policy, r.meaning] for r in rows))
+    con.print(f"{len(rows)} operators")
+
+
+@amp_app.command("set", short_help="Set an operator's autocast policy, rebuild and test it.")
+@_handles_errors
+def amp_set_cmd(
+    op: Annotated[str, typer.Argument(help="Operator: aten::mm, softmax.int, ...")],
+    policy: Annotated[str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")],
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
+):
+    """Set OP's autocast policy in backendgen.json and the generated registration file, rebuild, and
+    run the test that the policy takes effect under torch.autocast; a failure leaves the project as it was."""
+    from backendgen import api
+
+    res = api.amp_set(op, policy, project, build_it=not no_build, test_it=not no_test, reporter=_reporter())
+    con = _out()
+    if res.previous == res.policy and not res.unbuilt:
+        con.print(f"{res.op} is already {res.policy}: nothing to do")
+        return
+    if res.unbuilt:
+        state = "built and tested" if res.tested else "built" if res.built else "not built: run backendgen build"
+        con.print(f"{res.op} was recorded as {res.policy} but not built ({state})")
+        return
+    state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+    con.print(f"{res.op}: {res.previous} -> {res.policy} ({state})")
+
+
+@app.command(short_help="Check the backend against the installed torch.")
+@_handles_errors
+def check(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
+    ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
+    accept: Annotated[bool, typer.Option("--accept", help="If the check passes, record that the project now targets the installed torch.")] = False,
+):
+    """Check the backend against the installed torch: schema drift, APIs, the built extension, coverage."""
+    import json
+
+    from backendgen import api
+
+    if not json_out:  # the report's table module loads while the check waits for its torch probe
+        import importlib
+        import threading
+
+        threading.Thread(target=importlib.import_module, args=("rich.table",), daemon=True).start()
+    report = api.check(project, strict=strict, list_ops=ops, accept=accept)
+    if json_out:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        from backendgen.commands.check import render_report
+
+        out = _out()
+        render_report(report, out)
+        if accept and report.accepted is None:
+            out.print("not accepted: fix the errors above first (docs/upgrading.md)")
+        elif accept and not report.accepted["changed"]:
+            out.print(f"nothing to accept: backendgen.json already targets torch {report.accepted['to']}")
+        elif accept:
+            acc = report.accepted
+            names = f"; recorded the new schemas of {', '.join(acc['updated_ops'])}" if acc["updated_ops"] else ""
+            out.print(f"accepted: backendgen.json now targets torch {acc['to']} (was {acc['from']}){names}")
+            if acc.get("rebuild"):
+                out.print("rewrote csrc/aten/ops/generated/registration.cpp for this torch: rebuild (backendgen build)")
+    raise typer.Exit(report.exit_code)
+
+
+@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); --torch: to the installed torch's signatures.")
+@_handles_errors
+def update_cmd(
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")] = False,
+    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, fix kernel signature lines where only types changed, then check.")] = False,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")] = False,
+    no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the tests.")] = False,
+    allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")] = False,
+    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the updated files if the build or the tests fail.")] = False,
+):
+    """Bring a project generated from an earlier template to the current one. Files backendgen writes
+    from backendgen.json are rewritten; every other file of the template is merged 3-way (the older
+    template, your project, the current template), so no hand edit is lost; kernels add-op wrote get
+    the current kernel shape the same way. A conflict is left with markers, listed, and the command
+    exits 1 (and again until the markers are gone); otherwise it builds and runs the tests. One
+    transaction: a failure or Ctrl-C leaves the project as it was."""
+    from backendgen import api
+    from backendgen.cli.output import styled
+    from backendgen.commands.update import Fix
+
+    res = api.update_project(project, dry_run=dry_run, torch_signatures=torch, build_it=not no_build, test_it=not no_test,
+                             allow_dirty=allow_dirty, keep_on_failure=keep_on_failure, reporter=_reporter())
+    con = _out()
+    if res.unresolved:
+        con.print(styled("unresolved conflicts", "red"), " from the last update (resolve the markers, then run update again):")
+        for rel in res.unresolved:
+            con.print(f"  {rel}")
+        raise typer.Exit(1)
+    if dry_run:
+        for line in res.diff.splitlines():
+            con.print(line)
+    verb = "would be " if dry_run else ""
+    for c in res.changes:
+        con.print(f"{c.action:<11} {c.path}" + (f" ({c.note})" if c.note else ""))
+    for note in res.notes:
+        con.print(f"note: {note}")
+    for fix in res.torch or []:
+        more = f"; close matches: {', '.join(fix.close_matches)}" if fix.close_matches else ""
+        line = f"{fix.op} ({fix.file}): {fix.detail}{more}"
+        if fix.action is Fix.UNFIXABLE:
+            con.print(styled("cannot fix", "red"), f" {line}")
+        else:
+            con.print(f"{fix.action}: {line}")
+    if res.torch_recorded and not dry_run:
+        con.print(f"backendgen.json now targets torch {res.torch_recorded}")
+    if res.from_version == res.to_version and not res.changes:
+        con.print(f"nothing to do: the project is on template {res.to_version}")
+    elif res.conflicts:
+        con.print(styled(f"{len(res.conflicts)} conflict(s)", "red"),
+                  f" {verb}left with markers; resolve them, then run backendgen update again (it builds and tests):")
+        for rel in res.conflicts:
+            con.print(f"  {rel}")
+    elif not dry_run:
+        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
+        con.print(styled(f"template {res.from_version} -> {res.to_version}", "green"), f": {state}")
+    if res.check is not None:
+        from backendgen.commands.check import render_report
+
+        render_report(res.check, con)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command(
+    "profile",
+    short_help="Run a script; rank the operators that ran on the CPU fallback, with add-op commands.",
+    context_settings={"allow_interspersed_args": False},  # everything after SCRIPT is the script's
+)
+@_handles_errors
+def profile_cmd(
+    script: Annotated[Path, typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it).")],
+    args: Annotated[Optional[list[str]], typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
+    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")] = False,
+):
+    """Run SCRIPT [ARGS...] with this Python and the project's backend loaded (as `python SCRIPT ARGS`
+    would), then list the operators that ran on the CPU fallback, ranked by time and calls, each
+    with the `backendgen add-op` argument that makes it native, and one command that adds them all.
+    Exits 1 if the script failed (its profile is still shown)."""
+    import json
+
+    from backendgen import api
+
+    res = api.profile(script, args or [], project, stdout_to_stderr=json_out)
+    if json_out:
+        typer.echo(json.dumps(res.to_json(), indent=2))
+    else:
+        _print_profile(res, _out())
+    if res.exit_status != 0:
+        raise typer.Exit(1)
+
+
+def _print_profile(res, printer) -> None:
+    """The profile as a table; operator names and paths are outside text (the output module shows them verbatim)."""
+    def out(text: str = "") -> None:
+        printer.print(text)
+
+    for note in res.notes:
+        out(f"note: {note}")
+    if not res.collected:
+        return
+    if not res.entries:
+        out(f"no operator ran on the CPU fallback ({res.script} ran {res.seconds:.2f} s)")
+        return
+    total = res.fallback_seconds
+    spent = f"{total:.3f} s, {100 * total / res.seconds:.1f}% of the {res.seconds:.2f} s the script ran" if total is not None and res.seconds else f"the script ran {res.seconds:.2f} s"
+    calls = sum(e.calls for e in res.entries)
+    out(f"CPU fallback: {len(res.entries)} operators, {calls} calls ({spent}):")
+    rows = [("calls", "seconds", "share", "operator", "backendgen add-op")]
+    for e in res.entries:
+        share = res.share(e)
+        make_native = e.target if e.reason is None else f"- ({e.reason})"
+        rows.append((
+            str(e.calls),
+            "-" if e.seconds is None else f"{e.seconds:.4f}",
+            "-" if share is None else f"{100 * share:.1f}%",
+            " + ".join(e.names),
+            make_native,
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        out("  " + "  ".join([r[0].rjust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3].ljust(widths[3]), r[4]]).rstrip())
+    if res.command:
+        out()
+        out("to make them native:")
+        out(f"  {res.command}")
+
+
+def main() -> None:
+    from backendgen.plumbing import interrupt
+    from backendgen.cli import output
+
+    interrupt.install()  # SIGTERM and SIGHUP take Ctrl-C's path: the one place they are handled
+    output.degrade_streams()  # a terminal that cannot show ✓ gets backslash escapes, not a crash
+    try:
+        app()
+    except SystemExit as e:
+        # click reports usage errors with exit code 2 already; keep whatever code was chosen
+        sys.exit(e.code)

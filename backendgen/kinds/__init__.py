@@ -1,0 +1,2 @@
+"""The operator kinds a project registers (ATen kernels, the backend's own operators, autograd overrides),
+and the registration file that holds them all."""

@@ -1,0 +1,124 @@
+"""The generated registration file, `csrc/aten/ops/generated/registration.cpp` (project.REGISTRATION_FILE).
+
+It holds the `m.impl` of every kernel add-op wrote, the CPU fallback registered by name for the
+operators that need it, the backend's own operators (`m.def` and their kernels), the autograd
+overrides and the autocast table. It is tool-owned: written from backendgen.json and the installed
+torch, sealed on its last line with the hash of the rest, so that a later command can tell a file
+it may rewrite (whatever the metadata says, e.g. after a run killed half-way) from one edited by
+hand, which it refuses to touch. A deleted file is simply written again.
+"""
+
+from __future__ import annotations
+
+from backendgen.project import amp
+from backendgen.kinds import customop, overrides
+from backendgen.plumbing.errors import ProjectError, UserError
+from backendgen.plumbing.files import sha256_text
+from backendgen.torchdb.opdb import OpDB
+from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
+
+_SEAL = "// backendgen sha256: "
+
+
+def render(entries: list[dict], *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
+           amp: list[tuple[str, str]] = ()) -> str:
+    """The file's text: one m.impl per generated kernel (`entries`: kernelgen.registration_entry), sorted
+    by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
+    backend's own operators (`custom`: customop.CustomOp), autograd overrides (`overrides`:
+    overrides.Override) and the autocast table (`amp`: (operator, policy) pairs); then the seal."""
+    from backendgen.kinds.kernelgen import _env
+
+    entries = sorted(entries, key=lambda e: e["name"])
+    custom = sorted(custom, key=lambda c: c.name)
+    custom_view = [
+        {"namespace": c.cpp_namespace, "source": c.source, "schema": c.schema,
+         "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()]}
+        for c in custom
+    ]
+    impls = [(key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
+             for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
+    overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
+                      for o in sorted(overrides, key=lambda o: o.op.name)]
+    text = _env().get_template("registration.cpp.j2").render(
+        device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
+        custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
+        mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
+        overrides=overrides_view, amp=list(amp),
+    )
+    return f"{text}{_SEAL}{sha256_text(text)}\n"
+
+
+def fallback_registrations(db: OpDB, is_native) -> list[str]:
+    """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
+    kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
+
+    - the functional and in-place overloads of structured operators whose out= overload is not
+      native. Otherwise PyTorch's default kernel for them allocates the result on the device and
+      calls the out= overload through the fallback, running the meta function twice and warning
+      where the CPU does not ("An output with one or more elements was resized");
+    - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
+      addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
+      numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
+      last-bit difference in the mean)."""
+    structured = [name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
+                  for name in names]
+    composite = [name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")]
+    return sorted(set(structured + composite))
+
+
+def is_pristine(text: str) -> bool:
+    """Whether `text` is a registration file exactly as backendgen wrote it."""
+    body, sep, seal = text.rstrip("\n").rpartition("\n" + _SEAL)
+    return bool(sep) and seal == sha256_text(body + "\n")
+
+
+def text(project: Project, db: OpDB) -> str:
+    """The file `project` needs with the installed torch (`db`), from its backendgen.json."""
+    fallbacks = []  # without the fallback_by_name feature, fallback.cpp keeps run_on_cpu to itself
+    if "fallback_by_name" in project.features:
+        fallbacks = fallback_registrations(db, lambda op: project.covering(op) is not None)
+    return render(
+        project.registrations, device=project.device, fallbacks=fallbacks, custom=recorded_custom_ops(project),
+        overrides=recorded_overrides(project, db),
+        amp=[(name, policy) for name, policy in amp.entries(project.amp_table or {}) if db.get(name) is not None],
+    )
+
+
+def recorded_custom_ops(project: Project) -> list[customop.CustomOp]:
+    """The backend's own operators backendgen.json records, typed again by the installed torchgen."""
+    out = []
+    for d in project.custom_ops:
+        try:
+            out.append(customop.parse(project.device, d["op"], d["schema"], body=d.get("body"),
+                                      autograd=bool(d.get("autograd"))))
+        except UserError as e:
+            raise ProjectError(f"backendgen.json: the record of {d['op'][:80]} is malformed ({e})") from None
+    return out
+
+
+def recorded_overrides(project: Project, db: OpDB) -> list[overrides.Override]:
+    """The recorded autograd overrides the installed torch still has (`check` reports the others)."""
+    out = []
+    for d in project.autograd_overrides:
+        op = db.get(d["op"])
+        if op is not None and op.qualified == d["op"]:
+            out.append(overrides.Override(op, project.device))
+    return out
+
+
+def needs_rewrite(project: Project, db: OpDB) -> bool:
+    """Whether the file must be (re)written; refuses to touch one edited by hand."""
+    path = project.root / REGISTRATION_FILE
+    if not path.exists():
+        return True
+    current = path.read_text(errors="replace")
+    if not is_pristine(current):
+        raise ProjectError(
+            f"{REGISTRATION_FILE} was edited by hand and backendgen rewrites it; move your own registrations "
+            "to a file of yours, then delete it and run the command again"
+        )
+    return current != text(project, db)
+
+
+def write(project: Project, db: OpDB, tx: Transaction) -> None:
+    tx.write(project.root / REGISTRATION_FILE, text(project, db))

@@ -1,0 +1,217 @@
+"""Holds a template to its manifest (backendgen/project/manifest.py): what a template developer forgot.
+
+`audit(template)` reads the template's sources as text and returns one line per problem:
+- a source file no integration point owns (a new integration point without its manifest entry),
+  or one two points claim equally;
+- a path of the manifest that is neither in the template nor a place backendgen generates into;
+- a registration in the C++ (`m.impl`, `m.fallback`, `m.def`, a static registration macro) that
+  its integration point's entry does not list, or a listed one the C++ does not make;
+- a torch API an entry names that none of its files (or add-op's kernel templates) uses;
+- a C++ file, or a folder backendgen generates C++ into, that no unity group of the template's
+  `setup.py` (`GROUPS`) compiles, or a `setup.py` without the command `build` names;
+- a name generated kernels call (`kernels::NAME` in backendgen's generators and `template/ops/`)
+  that no integration point `provides`, or a provided one its files do not declare.
+
+`api_problems(manifest)` checks that every API the manifest names exists in the installed torch.
+tests/test_manifest.py runs both; `python -m backendgen.project.contract` prints them for the template.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from backendgen.project.manifest import MANIFEST_FILE, IntegrationPoint, Manifest, parse, read, template_dir
+
+PROJECT_DIR = "{{cookiecutter.dist_name}}"
+_PACKAGE = "{{cookiecutter.package}}"
+# what an integration point owns: the C++ and the package (the rest is the project's scaffolding:
+# setup.py, tests, examples, README)
+_OWNED = re.compile(r"^(csrc/|\{package\}/|\{package\}_autoload\.py$)")
+
+_BLOCK = re.compile(r"\b(TORCH_LIBRARY_IMPL|TORCH_LIBRARY_FRAGMENT|TORCH_LIBRARY)\s*\(([^)]*)\)\s*\{(.*?)\n\}", re.S)
+_IMPL = re.compile(r"\bm\.impl\(\s*\"([^\"]+)\"")
+_DEF = re.compile(r"\bm\.def\(\s*\"([A-Za-z0-9_.]+)")
+_FALLBACK = re.compile(r"\bm\.fallback\(")
+_STATIC = re.compile(r"\b([A-Z0-9_]*REGISTER_[A-Z0-9_]+|Register\w+|register\w*PrivateUse1\w*|TensorBackendMetaRegistry)\s*\(")
+_COMMENT = re.compile(r"//[^\n]*")
+_NAMESPACE = {"{{ cookiecutter.package }}": "{package}", "{{cookiecutter.package}}": "{package}"}
+
+
+def project_files(template: Path) -> dict[str, Path]:
+    """The template project's files by project path, `{package}` for the package's name."""
+    root = template / PROJECT_DIR
+    return {p.relative_to(root).as_posix().replace(_PACKAGE, "{package}"): p
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def registrations(cpp: str) -> tuple[dict[str, set[str]], set[str], set[str]]:
+    """What C++ source `cpp` registers: (dispatch key -> operators, defined operators, static
+    registrations). Operators as `ns::name`; a fallback is `_::fallback`."""
+    cpp = _COMMENT.sub("", cpp)
+    registers: dict[str, set[str]] = defaultdict(set)
+    defines: set[str] = set()
+    for macro, args, body in _BLOCK.findall(cpp):
+        parts = [_NAMESPACE.get(a.strip(), a.strip()) for a in args.split(",")]
+        if macro == "TORCH_LIBRARY_IMPL":
+            ns, key = parts[0], parts[1]
+            registers[key] |= {f"{ns}::{name}" for name in _IMPL.findall(body)}
+            if _FALLBACK.search(body):
+                registers[key].add(f"{ns}::fallback")
+        else:
+            defines |= {f"{parts[0]}::{name}" for name in _DEF.findall(body)}
+    statics = {m for m in _STATIC.findall(_BLOCK.sub("", cpp)) if not m.startswith("TORCH_LIBRARY")}
+    return dict(registers), defines, statics
+
+
+def _owners(m: Manifest, path: str) -> list[IntegrationPoint]:
+    best = max(p.specificity(path) for p in m.integration_points)
+    return [p for p in m.integration_points if best and p.specificity(path) == best]
+
+
+def audit(template: Path | None = None) -> list[str]:
+    template = Path(template) if template is not None else template_dir()
+    m = parse(read(template))
+    files = project_files(template)
+    problems = []
+    owned: dict[str, list[str]] = defaultdict(list)  # point name -> its files
+    for path in files:
+        if not _OWNED.match(path) or path in m.shared_files:
+            continue
+        owners = _owners(m, path)
+        if not owners:
+            problems.append(f"{path}: no integration point owns it; add one to {MANIFEST_FILE} (or the file to an entry)")
+        elif len(owners) > 1:
+            problems.append(f"{path}: owned by {' and '.join(p.name for p in owners)} alike; make one entry name it")
+        else:
+            owned[owners[0].name].append(path)
+    generated = tuple(m.paths.values())  # where backendgen writes (add-op's kernels, ...)
+    for point in m.integration_points:
+        for path in (*point.paths, *point.more_files):
+            if "<" in path or path.startswith(generated):
+                continue
+            pattern = path + "*" if path.endswith("/") else path
+            if not any(fnmatch.fnmatchcase(f, pattern) for f in files):
+                problems.append(f"{point.name}: {path} is in {MANIFEST_FILE} but not in the template")
+    problems += _uncompiled(files, m)
+    problems += _setup_protocol(files, m)
+    problems += _provided(template, files, m)
+    for point in m.integration_points:
+        texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
+        found_reg: dict[str, set[str]] = defaultdict(set)
+        found_def: set[str] = set()
+        found_static: set[str] = set()
+        for path, text in texts.items():
+            if path.endswith((".cpp", ".h")):
+                reg, defs, statics = registrations(text)
+                for key, ops in reg.items():
+                    found_reg[key] |= ops
+                found_def |= defs
+                found_static |= statics
+        for key in sorted(set(found_reg) | set(point.registers)):
+            listed, made = set(point.registers.get(key, ())), found_reg.get(key, set())
+            problems += [f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list" for op in sorted(made - listed)]
+            problems += [f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register" for op in sorted(listed - made)]
+        problems += [f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list" for op in sorted(found_def - set(point.defines))]
+        problems += [f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
+                     for op in sorted(set(point.defines) - found_def)]
+        problems += [f"{point.name}: static registration {s} is not in {MANIFEST_FILE}" for s in sorted(found_static - set(point.statics))]
+        problems += [f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
+                     for s in sorted(set(point.statics) - found_static)]
+        # the APIs it names are the ones its files use (add-op's kernels: the kernel templates)
+        used = "\n".join(texts.values()) if texts else "\n".join(
+            p.read_text(errors="replace") for p in sorted((template / "ops").glob("*.j2")))
+        for header, names in point.cpp_apis.items():
+            problems += [f"{point.name}: {MANIFEST_FILE} names {header}: {n}, which its files do not use"
+                         for n in names if not re.search(rf"\b{re.escape(n)}\b", used)]
+        problems += [f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
+                     for n in point.python_apis if n.rsplit(".", 1)[-1] not in used]
+    return problems
+
+
+def _setup_protocol(files: dict[str, Path], m: Manifest) -> list[str]:
+    """The command backendgen runs to list a build's sources (build.BuildRecord.units_still_match)."""
+    text = files["setup.py"].read_text() if "setup.py" in files else ""
+    command, prefix = m.build["sources_command"], m.build["sources_prefix"].strip()
+    problems = []
+    if not re.search(rf"cmdclass=\{{[^}}]*\"{re.escape(command)}\":", text):
+        problems.append(f"setup.py: no `{command}` command in its cmdclass ({MANIFEST_FILE} build.sources_command)")
+    if f'print("{prefix}"' not in text:
+        problems.append(f"setup.py: its `{command}` command does not print {prefix!r} ({MANIFEST_FILE} build.sources_prefix)")
+    return problems
+
+
+_KERNEL_NAME = re.compile(r"(?:\{K\}|kernels)::([A-Za-z_]\w*)")
+
+
+def _provided(template: Path, files: dict[str, Path], m: Manifest) -> list[str]:
+    """Names generated code calls in the template's kernel helpers, against the points' `provides`."""
+    here = Path(__file__).resolve()
+    generators = [*(p for p in sorted(here.parent.parent.rglob("*.py")) if p.name not in (here.name, "manifest.py")),
+                  *sorted((template / "ops").glob("*.j2"))]
+    called = {name for path in generators for name in _KERNEL_NAME.findall(path.read_text())}
+    provided = {name: point for point in m.integration_points for name in point.provides}
+    problems = [f"generated code calls kernels::{name}, which no integration point provides" for name in sorted(called - set(provided))]
+    for name, point in provided.items():
+        texts = [files[f].read_text() for f in files if point.specificity(f) and f.endswith(".h")]
+        if not any(re.search(rf"\b{re.escape(name)}\b", t) for t in texts):
+            problems.append(f"{point.name}: provides {name}, which its headers do not declare")
+    return problems
+
+
+def _uncompiled(files: dict[str, Path], m: Manifest) -> list[str]:
+    """C++ sources (the template's, and the folders backendgen writes into) no group of setup.py's
+    GROUPS compiles: a group entry is a folder under csrc/ (its own .cpp files) or one file."""
+    setup = files.get("setup.py")
+    found = re.search(r"^GROUPS = (\{.*?^\})", setup.read_text(), re.S | re.M) if setup else None
+    if found is None:
+        return ["setup.py: no GROUPS dict of unity groups"]
+    entries = {e for group in ast.literal_eval(found.group(1)).values() for e in group}
+    sources = [f.removeprefix("csrc/") for f in files if f.startswith("csrc/") and f.endswith(".cpp")]
+    folders = [v.removeprefix("csrc/") for v in m.paths.values() if v.startswith("csrc/") and not v.endswith(".cpp")]
+    registration = m.paths["registration"].removeprefix("csrc/")
+    return ([f"csrc/{f}: no unity group in setup.py's GROUPS compiles it" for f in sources + [registration]
+             if f not in entries and f.rsplit("/", 1)[0] not in entries] +
+            [f"csrc/{d}/: backendgen writes C++ there but no unity group in setup.py's GROUPS compiles it"
+             for d in folders if d not in entries])
+
+
+def api_problems(m: Manifest, torch_dir: Path) -> list[str]:
+    """The APIs `m` names that the torch installed at `torch_dir` lacks (imports torch for the
+    Python names)."""
+    import importlib
+
+    problems = []
+    for point in m.integration_points:
+        for header, names in point.cpp_apis.items():
+            path = torch_dir / "include" / header
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            problems += [f"{point.name}: {header}: {n}" for n in names if n not in text]
+        for source, names in point.python_sources.items():
+            path = torch_dir / source
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            problems += [f"{point.name}: torch/{source}: {n}" for n in names if n not in text]
+        for dotted in point.python_apis:
+            obj = importlib.import_module("torch")
+            for part in dotted.split(".")[1:]:
+                obj = getattr(obj, part, None)
+                if obj is None:
+                    problems.append(f"{point.name}: {dotted}")
+                    break
+    return problems
+
+
+def main() -> int:
+    problems = audit()
+    for line in problems:
+        print(line)
+    print("the template keeps its manifest" if not problems else f"{len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The template's manifest (`template/template.json`): the contract between the template and backendgen.
+
+It is the one place that says
+- which template this is (`template_version`) and which torch releases it is tested with
+  (`torch.tested`) and needs at least (`torch.minimum`);
+- the named features an older template lacks (`features`: each with the template version that
+  introduced it), so code asks `"common_device" in features_of(version)`, never compares versions;
+- where things live in a generated project (`paths`), and how backendgen asks its `setup.py` for
+  the sources a build compiles (`build`);
+- every integration point: the files it owns (`paths`, shown in the generated README, and
+  `more_files`), what it does and what a hardware team replaces, the C++ names it provides to
+  generated kernels (`provides`), the operators it registers
+  (`registers`: dispatch key -> `ns::op`, `_::fallback` for a fallback) and defines (`defines`),
+  its static registrations (`statics`), and the torch APIs it uses (`cpp_apis`: header -> names;
+  `python_apis`: dotted names; `python_sources`: torch source file -> text it must contain);
+- what `backendgen new` adds through the add-op engine (`default_ops`) and the autocast table a
+  project starts with (`default_amp`).
+
+tests/test_manifest.py holds the template to it: every source file belongs to an integration
+point, every registration in the C++ is the manifest's and the other way round, and every API it
+names exists in the installed torch and is used by the point's files.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backendgen.plumbing.errors import UserError
+
+MANIFEST_FILE = "template.json"
+
+
+def template_dir() -> Path:
+    """The template shipped in the wheel, or the repository's `template/` in a source checkout."""
+    here = Path(__file__).resolve().parent.parent  # the backendgen package
+    override = os.environ.get("BACKENDGEN_TEMPLATE_DIR")  # for template developers
+    candidates = [Path(override)] if override else [here / "_template", here.parent / "template"]
+    for candidate in candidates:
+        if (candidate / "cookiecutter.json").is_file():
+            return candidate
+    raise UserError(f"backendgen's template is missing (looked in {here / '_template'}); reinstall backendgen")
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    since: int  # the first template version that has it
+    about: str
+
+
+@dataclass(frozen=True)
+class IntegrationPoint:
+    name: str
+    paths: tuple[str, ...]  # project paths; `{package}`, a trailing `/` (a folder), `*` and `<name>` (any file)
+    about: str
+    replace: str  # what a hardware team replaces (the generated README's "replace first?" column)
+    more_files: tuple[str, ...] = ()  # files it owns that the README row does not name
+    provides: tuple[str, ...] = ()  # C++ names generated code calls (kernel_support.h's `kernels::NAME`)
+    registers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dispatch key -> "ns::op" / "_::fallback"
+    defines: tuple[str, ...] = ()  # operators it defines ("{package}::name")
+    statics: tuple[str, ...] = ()  # static registrations (REGISTER_ALLOCATOR, ...)
+    cpp_apis: dict[str, tuple[str, ...]] = field(default_factory=dict)  # header under torch/include -> names
+    python_apis: tuple[str, ...] = ()  # dotted names under torch
+    python_sources: dict[str, tuple[str, ...]] = field(default_factory=dict)  # file under torch/ -> text
+    optional: bool = False  # the device works without it (a missing API is a warning, not an error)
+
+    def patterns(self) -> list[str]:
+        """fnmatch patterns of the project files it owns (`{package}` left as it is)."""
+        out = []
+        for p in (*self.paths, *self.more_files):
+            p = re.sub(r"<[^>]+>", "*", p)
+            out.append(p + "*" if p.endswith("/") else p)
+        return out
+
+    def specificity(self, path: str) -> int:
+        """How closely it claims `path` (the length of its longest pattern that matches, 0: it does
+        not). A header belongs with its source of the same stem (`fallback.h` with `fallback.cpp`)."""
+        candidates = [path]
+        if path.endswith(".h"):
+            candidates.append(path[:-2] + ".cpp")
+        return max((len(pat) for pat in self.patterns() for c in candidates if fnmatch.fnmatchcase(c, pat)),
+                   default=0)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    template_version: int
+    torch_minimum: str
+    torch_tested: tuple[str, ...]
+    features: dict[str, Feature]
+    paths: dict[str, str]
+    build: dict[str, str]  # the project's setup.py protocol: the command that lists its sources, and its line
+    shared_files: tuple[str, ...]  # files several integration points use (runtime.h)
+    integration_points: tuple[IntegrationPoint, ...]
+    default_ops: tuple[str, ...]
+    default_amp: dict[str, str]
+    # torch.<device> attributes PyTorch's own Python reads (backendgen/project/devmodule.py): those the
+    # template's device module answers, and those that concern no PrivateUse1 device, with why
+    device_module_provides: tuple[str, ...] = ()
+    device_module_not_needed: dict[str, str] = field(default_factory=dict)
+
+    def features_of(self, template_version: int) -> frozenset[str]:
+        """The features a project from `template_version` has."""
+        return frozenset(f.name for f in self.features.values() if template_version >= f.since)
+
+    def feature(self, name: str) -> Feature:
+        return self.features[name]
+
+    @property
+    def current_features(self) -> frozenset[str]:
+        return self.features_of(self.template_version)
+
+    def path(self, key: str) -> str:
+        return self.paths[key]
+
+    def builtin_ops(self) -> list[str]:
+        """The ATen operators (without `aten::`) the template registers at PrivateUse1 itself."""
+        return [op.removeprefix("aten::") for p in self.integration_points
+                for op in p.registers.get("PrivateUse1", ()) if op.startswith("aten::")]
+
+    def registering(self, qualified: str) -> IntegrationPoint | None:
+        """The integration point whose files register ATen operator `qualified` ("aten::op.overload")
+        at PrivateUse1, if the template registers it."""
+        return next((p for p in self.integration_points if qualified in p.registers.get("PrivateUse1", ())), None)
+
+
+def _tuple_map(d: dict | None) -> dict[str, tuple[str, ...]]:
+    return {k: tuple(v) for k, v in (d or {}).items()}
+
+
+def parse(data: dict) -> Manifest:
+    """A manifest from the parsed JSON; a malformed one is backendgen's own bug (KeyError/TypeError)."""
+    points = tuple(
+        IntegrationPoint(
+            name=p["name"], paths=tuple(p["paths"]), about=p["about"], replace=p["replace"],
+            more_files=tuple(p.get("more_files", ())), provides=tuple(p.get("provides", ())), registers=_tuple_map(p.get("registers")),
+            defines=tuple(p.get("defines", ())), statics=tuple(p.get("statics", ())),
+            cpp_apis=_tuple_map(p.get("cpp_apis")), python_apis=tuple(p.get("python_apis", ())),
+            python_sources=_tuple_map(p.get("python_sources")), optional=bool(p.get("optional", False)),
+        )
+        for p in data["integration_points"]
+    )
+    return Manifest(
+        template_version=int(data["template_version"]),
+        torch_minimum=data["torch"]["minimum"],
+        torch_tested=tuple(data["torch"]["tested"]),
+        features={n: Feature(n, int(f["since"]), f["about"]) for n, f in data["features"].items()},
+        paths=dict(data["paths"]),
+        build=dict(data["build"]),
+        shared_files=tuple(data.get("shared_files", ())),
+        integration_points=points,
+        default_ops=tuple(data["default_ops"]),
+        default_amp=dict(data["default_amp"]),
+        device_module_provides=tuple(data.get("device_module", {}).get("provides", ())),
+        device_module_not_needed=dict(data.get("device_module", {}).get("not_needed", {})),
+    )
+
+
+def read(template: Path) -> dict:
+    """The manifest file of template directory `template` as JSON (an earlier template's too:
+    backendgen.project.history reads their `template_version`)."""
+    return json.loads((template / MANIFEST_FILE).read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _load(template: Path) -> Manifest:
+    return parse(read(template))
+
+
+def load() -> Manifest:
+    """The installed template's manifest (read once per process)."""
+    return _load(template_dir())

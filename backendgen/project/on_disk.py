@@ -1,0 +1,274 @@
+"""A generated project on disk: its metadata file, a lock, and transactional edits.
+
+`backendgen.json` at the project root records what the project was generated from and every
+operator it registers with its schema and C++ signature; `add-op`, `ops` and `check` read it.
+Edits go through `Transaction`, which restores every touched file if anything fails, so a failed
+or interrupted command leaves the project as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backendgen.project import manifest
+from backendgen.project import record as metadata
+from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
+from backendgen.plumbing.files import write_atomic
+
+METADATA_FILE = "backendgen.json"
+METADATA_FORMAT = metadata.FORMAT
+LOCK_FILE = ".backendgen.lock"
+# where things live in a project: the template's manifest says (template/template.json "paths")
+PATHS = manifest.load().paths
+REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, generated
+COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
+DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
+MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU (opt-in: pytest -m models)
+
+
+@dataclass
+class OpRecord:
+    op: str  # "aten::mul.out"
+    schema: str  # "aten::mul.out(Tensor self, …) -> Tensor(a!)"
+    signature: str  # C++ kernel signature
+    source: str  # file that registers it, relative to the project root
+    origin: str  # "template" or "add-op"
+    test: str | None = None
+    requested: str | None = None
+    covers: list[str] = field(default_factory=list)
+    overloads: list[str] = field(default_factory=list)  # the base op's overloads at generation
+    source_sha256: str | None = None  # as generated; a different hash means the user edited it
+    registration: dict | None = None  # its line in csrc/aten/ops/generated/registration.cpp (kernelgen.registration_entry)
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+        return d
+
+
+@dataclass
+class Project:
+    root: Path
+    data: dict
+
+    @property
+    def device(self) -> str:
+        return self.data["device"]
+
+    @property
+    def package(self) -> str:
+        return self.data["package"]
+
+    @property
+    def template_version(self) -> int:
+        """The template the project was generated from (template/template.json); 1 if unrecorded."""
+        try:
+            return int(self.data.get("template_version", 1))
+        except (TypeError, ValueError):
+            return 1
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """Where things live in this project (the manifest's "paths")."""
+        return PATHS
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The manifest's named features its template has (backendgen.project.manifest)."""
+        return manifest.load().features_of(self.template_version)
+
+    @property
+    def torch_version(self) -> str:
+        return self.data["torch"]["version"]
+
+    @property
+    def yaml_sha256(self) -> str | None:
+        return self.data["torch"].get("native_functions_sha256")
+
+    @property
+    def ops(self) -> list[OpRecord]:
+        return [OpRecord(**d) for d in self.data["ops"]]
+
+    def find_op(self, qualified: str) -> OpRecord | None:
+        for rec in self.ops:
+            if rec.op == qualified:
+                return rec
+        return None
+
+    def covering(self, qualified: str) -> OpRecord | None:
+        """The record whose kernel makes `qualified` native (the op itself or a structured variant)."""
+        for rec in self.ops:
+            if rec.op == qualified or qualified in rec.covers:
+                return rec
+        return None
+
+    @property
+    def registrations(self) -> list[dict]:
+        """The kernels registered by the generated registration file."""
+        return [rec.registration for rec in self.ops if rec.registration]
+
+    @property
+    def custom_ops(self) -> list[dict]:
+        """The backend's own operators (add-op <device>::NAME --schema ...), as recorded."""
+        return list(self.data.get("custom_ops", []))
+
+    @property
+    def autograd_overrides(self) -> list[dict]:
+        """ATen operators whose derivative the backend replaces on the device (add-op aten::OP --autograd)."""
+        return list(self.data.get("autograd_overrides", []))
+
+    @property
+    def amp_table(self) -> dict[str, str] | None:
+        """The autocast table (operator -> policy); None for a project from before template 7."""
+        table = self.data.get("amp")
+        return dict(table) if isinstance(table, dict) else None
+
+    def record(self, section: str, entry: dict) -> None:
+        """Record `entry` in `section` ("custom_ops", "autograd_overrides"), replacing one of the same op."""
+        items = [d for d in self.data.get(section, []) if d.get("op") != entry["op"]]
+        self.data[section] = sorted([*items, entry], key=lambda d: d["op"])
+
+    def unrecord(self, section: str, op: str) -> None:
+        self.data[section] = [d for d in self.data.get(section, []) if d.get("op") != op]
+
+    def add_op(self, rec: OpRecord) -> None:
+        """Record `rec`, in place of an earlier record of the same operator."""
+        ops = self.data["ops"]
+        at = next((i for i, d in enumerate(ops) if d["op"] == rec.op), None)
+        if at is None:
+            ops.append(rec.to_json())
+        else:
+            ops[at] = rec.to_json()
+
+    def remove_op(self, qualified: str) -> None:
+        self.data["ops"] = [d for d in self.data["ops"] if d["op"] != qualified]
+
+    @property
+    def metadata_path(self) -> Path:
+        return self.root / METADATA_FILE
+
+    def metadata_text(self) -> str:
+        """backendgen.json's text for `data`."""
+        return json.dumps(self.data, indent=2, sort_keys=False) + "\n"
+
+    def save(self) -> None:
+        write_atomic(self.metadata_path, self.metadata_text())
+
+    @classmethod
+    def load(cls, root: Path) -> Project:
+        root = Path(root)
+        path = root / METADATA_FILE
+        if not root.is_dir():
+            raise ProjectError(f"{root} is not a directory")
+        if not path.is_file():
+            raise NotAProjectError(
+                f"{root} is not a backendgen project (no {METADATA_FILE}); run inside a generated project or pass --project DIR"
+            )
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ProjectError(f"{path} is not valid JSON (not UTF-8: {e.reason}): it is corrupted; {metadata.RESTORE}") from None
+        except ValueError as e:
+            raise ProjectError(f"{path} is not valid JSON ({e}): it is corrupted; {metadata.RESTORE}") from None
+        except OSError as e:
+            raise ProjectError(f"cannot read {path}: {e.strerror}") from None
+        metadata.validate(data, str(path))  # the whole file, once: nothing reads an unchecked value
+        return cls(root.resolve(), data)
+
+    @classmethod
+    def find(cls, start: Path | None = None) -> Project:
+        """The project containing `start` (default: the current directory)."""
+        start = Path(start or Path.cwd()).resolve()
+        for d in (start, *start.parents):
+            if (d / METADATA_FILE).is_file():
+                return cls.load(d)
+        raise NotAProjectError(
+            f"not inside a backendgen project ({METADATA_FILE} not found in {start} or above); pass --project DIR"
+        )
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold an exclusive lock on the project for one command."""
+        path = self.root / LOCK_FILE
+        try:
+            fh = open(path, "a+")
+        except OSError as e:
+            raise ProjectError(f"cannot write to {self.root}: {e.strerror}") from None
+        try:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EACCES):
+                    raise LockedError(
+                        f"another backendgen command is working on {self.root}; wait for it to finish"
+                    ) from None
+                raise
+            yield self
+        finally:
+            fh.close()
+
+
+class Transaction:
+    """Remembers files before they are written and puts them back if the block fails.
+
+    Files that did not exist are removed again. Used as a context manager: leaving the block with
+    an exception rolls back, leaving it normally keeps the changes; `rollback()` also undoes them.
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self._saved: dict[Path, bytes | None] = {}
+        self._dirs: list[Path] = []
+
+    def _remember(self, path: Path) -> None:
+        path = Path(path)
+        if path in self._saved:
+            return
+        self._saved[path] = path.read_bytes() if path.exists() else None
+        d = path.parent
+        missing = []
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        self._dirs.extend(reversed(missing))
+
+    def write(self, path: Path, text: str) -> None:
+        self._remember(path)
+        write_atomic(path, text)
+
+    def remove(self, path: Path) -> None:
+        """Delete `path` (a rollback puts it back)."""
+        self._remember(path)
+        Path(path).unlink(missing_ok=True)
+
+    def touch_file(self, path: Path) -> None:
+        """Remember `path` so that a rollback restores it after someone else rewrites it."""
+        self._remember(path)
+
+    @property
+    def written(self) -> list[Path]:
+        return list(self._saved)
+
+    def rollback(self) -> None:
+        for path, content in reversed(list(self._saved.items())):
+            if content is None:
+                if path.exists() or path.is_symlink():  # (a read-only file system refuses even a missing one)
+                    path.unlink()
+            else:
+                path.write_bytes(content)
+        for d in reversed(self._dirs):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        self._saved.clear()
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            self.rollback()
+        return False

@@ -1,0 +1,303 @@
+"""The one schema of `backendgen.json`: every field, its type, and what a stored value may be.
+
+`validate(data)` checks the whole parsed file against `SCHEMA` before any command uses it
+(`Project.load` calls it once) and raises `ProjectError` naming the field, what is wrong and the
+fix; nothing else trusts the file's values. A stored name is held to the rules a typed one is
+(backendgen.project.naming): a hand-edited `device` or `package` can reach neither a C++ or Python source
+nor a path outside the project, and every stored path must stay inside the project.
+
+The schema is a small declarative model (`Field`s with a check each), not a dependency: a field is
+`Str`, `Int`, `Bool`, `Obj` (named fields), `List` or `Map` (of one kind), optionally `nullable`.
+Unknown top-level keys are kept and ignored (a newer backendgen may add some), and so are unknown
+keys of an own operator's or an override's record (read by key); in a kernel record an unknown key
+is an error (`project.OpRecord` is built from exactly these fields).
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backendgen.plumbing.errors import InvalidNameError, ProjectError
+
+FORMAT = 1
+RESTORE = "correct it by hand or restore backendgen.json from version control (git checkout backendgen.json)"
+
+# what may reach a generated C++ or Python source from the file
+_CPP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")
+_OP = re.compile(r"^[a-z_][a-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)?$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+_-]*$")
+_DIST = re.compile(r"^[a-z][a-z0-9_-]*$")
+_SCHEMA_TEXT = re.compile(r"^[\x20-\x7e]*$")  # printable ASCII ...
+_NOT_IN_SOURCES = set('"\\`')  # ... and nothing that ends a C++ or Python string literal
+
+
+class Invalid(Exception):
+    """A value that breaks the schema: `why` and, optionally, how to fix it."""
+
+    def __init__(self, why: str, fix: str | None = None):
+        super().__init__(why)
+        self.why = why
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A value's kind: `check(value)` raises Invalid."""
+    name: str
+    check: Callable[[object], None]
+    nullable: bool = False
+
+
+def _type(value, types, name) -> None:
+    if isinstance(value, bool) and bool not in types:
+        raise Invalid(f"expected {name}, got {_shown(value)}")
+    if not isinstance(value, types):
+        raise Invalid(f"expected {name}, got {_shown(value)}")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def Str(pattern: re.Pattern | None = None, *, what: str = "a string", extra: Callable[[str], None] | None = None,
+        nullable: bool = False) -> Kind:
+    def check(v):
+        _type(v, (str,), "a string")
+        if pattern is not None and not pattern.match(v):
+            raise Invalid(f"{_shown(v)} is not {what}")
+        if extra is not None:
+            extra(v)
+    return Kind("string", check, nullable)
+
+
+def Int(lo: int | None = None, hi: int | None = None) -> Kind:
+    def check(v):
+        _type(v, (int,), "an integer")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise Invalid(f"{v} is outside {lo}..{hi}")
+    return Kind("integer", check)
+
+
+def Bool() -> Kind:
+    return Kind("boolean", lambda v: _type(v, (bool,), "true or false"))
+
+
+@dataclass(frozen=True)
+class F:
+    """A named field of an object."""
+    name: str
+    kind: Kind
+    required: bool = True
+
+
+def Obj(*fields: F, open_: bool = False, nullable: bool = False) -> Kind:
+    """An object with `fields`; `open_`: other keys are allowed (and ignored)."""
+    def check(v):
+        _type(v, (dict,), "an object")
+        _check_fields(v, fields, open_)
+    return Kind("object", check, nullable)
+
+
+def List(of: Kind) -> Kind:
+    def check(v):
+        _type(v, (list,), "a list")
+        for i, item in enumerate(v):
+            _at(f"[{i}]", _label(item), lambda item=item: _value(of, item))
+    return Kind("list", check)
+
+
+def Map(key: Kind, value: Kind) -> Kind:
+    def check(v):
+        _type(v, (dict,), "an object")
+        for k, item in v.items():
+            _at(f".{k}" if _CPP_NAME.match(k) else f"[{k!r}]", None, lambda k=k, item=item: (_value(key, k), _value(value, item)))
+    return Kind("map", check)
+
+
+class _Where(Exception):
+    """Invalid, with the path of the field it is in (built up on the way out)."""
+
+    def __init__(self, path: str, inner: Invalid):
+        super().__init__(path)
+        self.path = path
+        self.inner = inner
+
+
+def _label(item) -> str | None:
+    """How a list item is named in a message: its operator, when it has one."""
+    return item.get("op") if isinstance(item, dict) and isinstance(item.get("op"), str) and len(item["op"]) < 80 else None
+
+
+def _at(step: str, label: str | None, fn) -> None:
+    shown = f"{step} ({label})" if label else step
+    try:
+        fn()
+    except Invalid as e:
+        raise _Where(shown, e) from None
+    except _Where as e:
+        raise _Where(shown + e.path, e.inner) from None
+
+
+def _value(kind: Kind, v) -> None:
+    if v is None and kind.nullable:
+        return
+    kind.check(v)
+
+
+def _check_fields(v: dict, fields: tuple[F, ...], open_: bool) -> None:
+    names = {f.name for f in fields}
+    missing = [f.name for f in fields if f.required and f.name not in v]
+    if missing:
+        raise Invalid(f"is missing {', '.join(missing)}")
+    if not open_:
+        extra = [k for k in v if k not in names]
+        if extra:
+            raise Invalid(f"has unknown field(s) {', '.join(map(repr, extra))}")
+    for f in fields:
+        if f.name in v:
+            _at(f".{f.name}", None, lambda f=f: _value(f.kind, v[f.name]))
+
+
+# --- the rules of stored values ------------------------------------------------------------------
+
+def _device(name: str) -> None:
+    from backendgen.project import naming
+
+    try:
+        naming.check_syntax(name)
+    except InvalidNameError as e:
+        raise Invalid(str(e).removeprefix("the "), "it must be the device name the project was generated with") from None
+    if keyword.iskeyword(name) or name in naming.CPP_KEYWORDS:
+        raise Invalid(f"{name!r} is a Python or C++ keyword", "it must be the device name the project was generated with")
+
+
+def _package(name: str) -> None:
+    from backendgen.project import naming
+
+    try:
+        naming.check_syntax(name, "package name")
+    except InvalidNameError as e:
+        raise Invalid(str(e).removeprefix("the "), "it must be the project's Python package (a directory at its root)") from None
+    if keyword.iskeyword(name):
+        raise Invalid(f"{name!r} is a Python keyword", "it must be the project's Python package")
+
+
+def _relative_path(path: str) -> None:
+    """A path inside the project: relative, no `..`, printable ASCII, no backslash."""
+    if (not path or path.startswith("/") or "\\" in path or not _SCHEMA_TEXT.match(path)
+            or any(part in ("", ".", "..") for part in path.split("/"))):
+        raise Invalid(f"{_shown(path)} is not a path inside the project (relative, without '..')")
+
+
+def _source_text(text: str) -> None:
+    """A schema, signature or expression pasted into a generated source: one line of printable ASCII
+    without a quote or backslash that could end the literal it is written into."""
+    if not _SCHEMA_TEXT.match(text) or _NOT_IN_SOURCES & set(text):
+        raise Invalid(f"{_shown(text)} contains a character a generated source cannot take (quote, backslash, "
+                      "control or non-ASCII character)")
+
+
+def _body(text: str) -> None:
+    if not _SCHEMA_TEXT.match(text):
+        raise Invalid(f"{_shown(text)} is not one line of printable ASCII")
+
+
+def _template_version(v) -> None:
+    if isinstance(v, bool) or not isinstance(v, (str, int)) or not str(v).isdigit():
+        raise Invalid(f"records an unknown template version {_shown(v)} (a number: template/template.json's "
+                      "template_version when the project was generated)")
+
+
+PATH = Str(extra=_relative_path)
+OP = Str(_OP, what="an operator name (ns::name.overload)")
+CPP = Str(_CPP_NAME, what="a C++ name")
+HEX = Str(_HEX64, what="a lowercase hex SHA-256")
+TEXT = Str(extra=_source_text)
+
+REGISTRATION = Obj(F("name", CPP), F("root", CPP), F("ops_struct", CPP), F("namespace", CPP), F("function", CPP),
+                   nullable=True)
+
+OP_RECORD = Obj(
+    F("op", OP), F("schema", TEXT), F("signature", TEXT), F("source", PATH),
+    F("origin", Str(re.compile(r"^(template|add-op)$"), what="'template' or 'add-op'")),
+    F("test", Str(extra=_relative_path, nullable=True), required=False),
+    F("requested", Str(_OP, what="an operator name", nullable=True), required=False),
+    F("covers", List(OP), required=False),
+    F("overloads", List(OP), required=False),
+    F("source_sha256", Str(_HEX64, what="a lowercase hex SHA-256", nullable=True), required=False),
+    F("registration", REGISTRATION, required=False),
+)
+
+CUSTOM_OP = Obj(
+    F("op", OP), F("schema", TEXT), F("body", Str(extra=_body), required=False), F("autograd", Bool(), required=False),
+    F("signature", TEXT, required=False), F("source", PATH), F("autograd_source", PATH, required=False),
+    F("python", PATH, required=False), F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    open_=True,  # read by key: a field an older backendgen wrote is kept
+)
+
+OVERRIDE = Obj(
+    F("op", OP), F("schema", TEXT), F("signature", TEXT, required=False), F("source", PATH),
+    F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    open_=True,
+)
+
+TOP_FIELDS = (
+    F("format", Int()),
+    F("backendgen_version", Str(_VERSION, what="a version"), required=False),
+    F("template_version", Kind("template version", _template_version), required=False),
+    F("template_state", HEX, required=False),  # the template state (content hash) that generated the project
+    F("device", Str(extra=_device)),
+    F("DEVICE", Str(re.compile(r"^[A-Z][A-Z_]*$"), what="the device name in upper case"), required=False),
+    F("package", Str(extra=_package)),
+    F("dist_name", Str(_DIST, what="a distribution name (lower-case letters, digits, - and _)")),
+    F("num_devices", Int(1, 64), required=False),
+    F("torch", Obj(F("version", Str(_VERSION, what="a torch version, e.g. \"2.13.0\"")),
+                   F("native_functions_sha256", Str(_HEX64, what="a lowercase hex SHA-256", nullable=True), required=False))),
+    F("ops", List(OP_RECORD)),
+    F("custom_ops", List(CUSTOM_OP), required=False),
+    F("autograd_overrides", List(OVERRIDE), required=False),
+    F("amp", Map(CPP, Str(re.compile(r"^[a-z0-9_]+$"), what="an autocast policy")), required=False),
+    F("update", Obj(F("from", Kind("template version", _template_version)), F("to", Kind("template version", _template_version)),
+                    F("conflicts", List(PATH)), open_=True), required=False),
+)
+SCHEMA = Obj(*TOP_FIELDS, open_=True)
+
+
+def validate(data: object, path: str = "backendgen.json") -> None:
+    """Raise ProjectError (one line: the field, what is wrong, the fix) unless `data` fits SCHEMA."""
+    if not isinstance(data, dict):
+        raise ProjectError(f"{path} is malformed: expected a JSON object at the top, got {_shown(data)}; {RESTORE}")
+    missing = [f.name for f in TOP_FIELDS if f.required and f.name not in data]
+    if missing:
+        raise ProjectError(f"{path} is missing {', '.join(missing)}; {RESTORE}")
+    if data["format"] != FORMAT:
+        raise ProjectError(f"{path} has metadata format {_shown(data['format'])}; this backendgen reads format {FORMAT}")
+    try:
+        _value(SCHEMA, data)
+    except _Where as e:
+        where = e.path.removeprefix(".")
+        fix = e.inner.fix or RESTORE
+        verb = " " if e.inner.why.startswith(("is missing", "has unknown")) else " is malformed: "
+        raise ProjectError(f"{path}: {where}{verb}{e.inner.why}; {fix}") from None
+    except Invalid as e:
+        raise ProjectError(f"{path} is malformed: {e.why}; {e.fix or RESTORE}") from None
+    if "DEVICE" in data and data["DEVICE"] != data["device"].upper():
+        raise ProjectError(f"{path}: DEVICE is malformed: {data['DEVICE']!r} is not the device name "
+                           f"{data['device']!r} in upper case; {RESTORE}")
+
+
+
+def built_entries(data: dict) -> list[str]:
+    """What of a (valid) backendgen.json the built library must contain: every recorded kernel, own
+    operator, autograd override and autocast policy (build.py records them after each successful
+    build; backendgen.commands.consistency compares)."""
+    entries = [d["op"] for d in data.get("ops", [])]
+    entries += [d["op"] for d in data.get("custom_ops", [])]
+    entries += [f"autograd {d['op']}" for d in data.get("autograd_overrides", [])]
+    entries += [f"amp {op}={policy}" for op, policy in (data.get("amp") or {}).items()]
+    return sorted(set(entries))
