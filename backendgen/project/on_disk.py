@@ -1,9 +1,9 @@
 """A generated project on disk: its metadata file, a lock, and transactional edits.
 
 `backendgen.json` at the project root records what the project was generated from and every
-operator it registers with its schema and C++ signature; `add-op`, `ops` and `check` read it.
-Edits go through `Transaction`, which restores every touched file if anything fails, so a failed
-or interrupted command leaves the project as it was.
+operator it registers with its schema and C++ signature; `Project.record` is it, typed
+(backendgen.project.record). Edits go through `Transaction`, which restores every touched file if
+anything fails; commands use it through backendgen.commands.transaction.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import contextlib
 import errno
 import fcntl
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from backendgen.project import manifest
 from backendgen.project import record as metadata
+from backendgen.project.record import OpRecord, OverrideRecord, OwnOpRecord, Record
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
 
 METADATA_FILE = "backendgen.json"
-METADATA_FORMAT = metadata.FORMAT
 LOCK_FILE = ".backendgen.lock"
 # where things live in a project: the template's manifest says (template/template.json "paths")
 PATHS = manifest.load().paths
@@ -32,42 +32,27 @@ MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU
 
 
 @dataclass
-class OpRecord:
-    op: str  # "aten::mul.out"
-    schema: str  # "aten::mul.out(Tensor self, …) -> Tensor(a!)"
-    signature: str  # C++ kernel signature
-    source: str  # file that registers it, relative to the project root
-    origin: str  # "template" or "add-op"
-    test: str | None = None
-    requested: str | None = None
-    covers: list[str] = field(default_factory=list)
-    overloads: list[str] = field(default_factory=list)  # the base op's overloads at generation
-    source_sha256: str | None = None  # as generated; a different hash means the user edited it
-    registration: dict | None = None  # its line in csrc/aten/ops/generated/registration.cpp (kernelgen.registration_entry)
-
-    def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if v not in (None, [])}
-        return d
-
-
-@dataclass
 class Project:
     root: Path
-    data: dict
+    record: Record  # backendgen.json, typed (backendgen.project.record)
 
     @property
     def device(self) -> str:
-        return self.data["device"]
+        return self.record.device
 
     @property
     def package(self) -> str:
-        return self.data["package"]
+        return self.record.package
+
+    @property
+    def dist_name(self) -> str:
+        return self.record.dist_name
 
     @property
     def template_version(self) -> int:
         """The template the project was generated from (template/template.json); 1 if unrecorded."""
         try:
-            return int(self.data.get("template_version", 1))
+            return int(self.record.template_version or 1)
         except (TypeError, ValueError):
             return 1
 
@@ -83,25 +68,25 @@ class Project:
 
     @property
     def torch_version(self) -> str:
-        return self.data["torch"]["version"]
+        return self.record.torch.version
 
     @property
     def yaml_sha256(self) -> str | None:
-        return self.data["torch"].get("native_functions_sha256")
+        return self.record.torch.native_functions_sha256
 
     @property
     def ops(self) -> list[OpRecord]:
-        return [OpRecord(**d) for d in self.data["ops"]]
+        return list(self.record.ops)
 
     def find_op(self, qualified: str) -> OpRecord | None:
-        for rec in self.ops:
+        for rec in self.record.ops:
             if rec.op == qualified:
                 return rec
         return None
 
     def covering(self, qualified: str) -> OpRecord | None:
         """The record whose kernel makes `qualified` native (the op itself or a structured variant)."""
-        for rec in self.ops:
+        for rec in self.record.ops:
             if rec.op == qualified or qualified in rec.covers:
                 return rec
         return None
@@ -109,51 +94,51 @@ class Project:
     @property
     def registrations(self) -> list[dict]:
         """The kernels registered by the generated registration file."""
-        return [rec.registration for rec in self.ops if rec.registration]
+        return [rec.registration for rec in self.record.ops if rec.registration]
 
     @property
-    def custom_ops(self) -> list[dict]:
+    def custom_ops(self) -> list[OwnOpRecord]:
         """The backend's own operators (add-op <device>::NAME --schema ...), as recorded."""
-        return list(self.data.get("custom_ops", []))
+        return list(self.record.custom_ops or [])
 
     @property
-    def autograd_overrides(self) -> list[dict]:
+    def autograd_overrides(self) -> list[OverrideRecord]:
         """ATen operators whose derivative the backend replaces on the device (add-op aten::OP --autograd)."""
-        return list(self.data.get("autograd_overrides", []))
+        return list(self.record.autograd_overrides or [])
 
     @property
     def amp_table(self) -> dict[str, str] | None:
         """The autocast table (operator -> policy); None for a project from before template 7."""
-        table = self.data.get("amp")
+        table = self.record.amp
         return dict(table) if isinstance(table, dict) else None
 
-    def record(self, section: str, entry: dict) -> None:
-        """Record `entry` in `section` ("custom_ops", "autograd_overrides"), replacing one of the same op."""
-        items = [d for d in self.data.get(section, []) if d.get("op") != entry["op"]]
-        self.data[section] = sorted([*items, entry], key=lambda d: d["op"])
+    def put(self, section: str, rec: OwnOpRecord | OverrideRecord) -> None:
+        """Record `rec` in `section` ("custom_ops", "autograd_overrides"), replacing one of the same op."""
+        items = [r for r in getattr(self.record, section) or [] if r.op != rec.op]
+        setattr(self.record, section, sorted([*items, rec], key=lambda r: r.op))
 
-    def unrecord(self, section: str, op: str) -> None:
-        self.data[section] = [d for d in self.data.get(section, []) if d.get("op") != op]
+    def drop(self, section: str, op: str) -> None:
+        setattr(self.record, section, [r for r in getattr(self.record, section) or [] if r.op != op])
 
     def add_op(self, rec: OpRecord) -> None:
         """Record `rec`, in place of an earlier record of the same operator."""
-        ops = self.data["ops"]
-        at = next((i for i, d in enumerate(ops) if d["op"] == rec.op), None)
+        ops = self.record.ops
+        at = next((i for i, r in enumerate(ops) if r.op == rec.op), None)
         if at is None:
-            ops.append(rec.to_json())
+            ops.append(rec)
         else:
-            ops[at] = rec.to_json()
+            ops[at] = rec
 
     def remove_op(self, qualified: str) -> None:
-        self.data["ops"] = [d for d in self.data["ops"] if d["op"] != qualified]
+        self.record.ops = [r for r in self.record.ops if r.op != qualified]
 
     @property
     def metadata_path(self) -> Path:
         return self.root / METADATA_FILE
 
     def metadata_text(self) -> str:
-        """backendgen.json's text for `data`."""
-        return json.dumps(self.data, indent=2, sort_keys=False) + "\n"
+        """backendgen.json's text for the record."""
+        return json.dumps(self.record.to_json(), indent=2, sort_keys=False) + "\n"
 
     def save(self) -> None:
         write_atomic(self.metadata_path, self.metadata_text())
@@ -176,8 +161,7 @@ class Project:
             raise ProjectError(f"{path} is not valid JSON ({e}): it is corrupted; {metadata.RESTORE}") from None
         except OSError as e:
             raise ProjectError(f"cannot read {path}: {e.strerror}") from None
-        metadata.validate(data, str(path))  # the whole file, once: nothing reads an unchecked value
-        return cls(root.resolve(), data)
+        return cls(root.resolve(), Record.load(data, str(path)))  # validated whole, once: nothing reads an unchecked value
 
     @classmethod
     def find(cls, start: Path | None = None) -> Project:

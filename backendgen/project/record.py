@@ -1,16 +1,17 @@
-"""The one schema of `backendgen.json`: every field, its type, and what a stored value may be.
+"""`backendgen.json`: its one schema (every field, its type, what a stored value may be) and the
+typed record the commands read and change (`Record` and the records of each operator kind).
 
-`validate(data)` checks the whole parsed file against `SCHEMA` before any command uses it
-(`Project.load` calls it once) and raises `ProjectError` naming the field, what is wrong and the
-fix; nothing else trusts the file's values. A stored name is held to the rules a typed one is
+`Record.load(data)` checks the whole parsed file against `SCHEMA` (`validate`) before any command
+uses it (`Project.load` calls it once) and raises `ProjectError` naming the field, what is wrong and
+the fix; then it types it. Nothing reads an unchecked value, and nothing reads the file by key. A stored name is held to the rules a typed one is
 (backendgen.project.naming): a hand-edited `device` or `package` can reach neither a C++ or Python source
 nor a path outside the project, and every stored path must stay inside the project.
 
 The schema is a small declarative model (`Field`s with a check each), not a dependency: a field is
 `Str`, `Int`, `Bool`, `Obj` (named fields), `List` or `Map` (of one kind), optionally `nullable`.
 Unknown top-level keys are kept and ignored (a newer backendgen may add some), and so are unknown
-keys of an own operator's or an override's record (read by key); in a kernel record an unknown key
-is an error (`project.OpRecord` is built from exactly these fields).
+keys of an own operator's or an override's record (`extra`, written back); in a kernel record an
+unknown key is an error (`OpRecord` is built from exactly these fields).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from __future__ import annotations
 import keyword
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from backendgen.plumbing.errors import InvalidNameError, ProjectError
 
@@ -301,3 +303,184 @@ def built_entries(data: dict) -> list[str]:
     entries += [f"autograd {d['op']}" for d in data.get("autograd_overrides", [])]
     entries += [f"amp {op}={policy}" for op, policy in (data.get("amp") or {}).items()]
     return sorted(set(entries))
+
+
+# --- the typed record ----------------------------------------------------------------------------
+# `Record.load` validates the parsed file against SCHEMA, then types it; `Record.to_json` writes it
+# back in the order its keys had (a new key after them), keeping the keys it does not know.
+
+
+class _Typed:
+    """A record read by field: the keys it does not know (`extra`) and its keys' order (`_keys`) are
+    kept, so a file written back differs only where a field changed. A field set to None is left
+    out, unless it may hold null (`_NULLABLE`) and the file had it (or the record is new)."""
+
+    _NULLABLE: frozenset[str] = frozenset()
+    _RENAMED: dict[str, str] = {}  # field -> its key in the file ("from" is a Python keyword)
+
+    @classmethod
+    def _key(cls, name: str) -> str:
+        return cls._RENAMED.get(name, name)
+
+    @classmethod
+    def _fields(cls) -> dict[str, str]:
+        """key in the file -> field name."""
+        return {cls._key(f.name): f.name for f in fields(cls) if not f.name.startswith("_") and f.name != "extra"}
+
+    @classmethod
+    def from_json(cls, d: dict):
+        known = cls._fields()
+        values = {known[k]: cls._typed(known[k], v) for k, v in d.items() if k in known}
+        obj = cls(**values, extra={k: v for k, v in d.items() if k not in known})
+        obj._keys = list(d)
+        return obj
+
+    @classmethod
+    def _typed(cls, name: str, value):
+        return value
+
+    def _json_value(self, name: str):
+        value = getattr(self, name)
+        if isinstance(value, _Typed) or isinstance(value, OpRecord):
+            return value.to_json()
+        if isinstance(value, list):
+            return [v.to_json() if isinstance(v, (_Typed, OpRecord)) else v for v in value]
+        return value
+
+    def to_json(self) -> dict:
+        known = self._fields()
+        order = [*self._keys, *(k for k in known if k not in self._keys)]
+        out = {}
+        for key in order:
+            if key in known:
+                name = known[key]
+                kept_null = key in self._NULLABLE and (key in self._keys or not self._keys)
+                if getattr(self, name) is None and not kept_null:
+                    continue
+                out[key] = self._json_value(name)
+            elif key in self.extra:
+                out[key] = self.extra[key]
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+
+@dataclass
+class OpRecord:
+    """A kernel: one the template registers itself (origin "template") or one add-op wrote (kinds.aten_kernel)."""
+    op: str  # "aten::mul.out"
+    schema: str  # "aten::mul.out(Tensor self, …) -> Tensor(a!)"
+    signature: str  # C++ kernel signature
+    source: str  # file that registers it, relative to the project root
+    origin: str  # "template" or "add-op"
+    test: str | None = None
+    requested: str | None = None
+    covers: list[str] = field(default_factory=list)
+    overloads: list[str] = field(default_factory=list)  # the base op's overloads at generation
+    source_sha256: str | None = None  # as generated; a different hash means the user edited it
+    registration: dict | None = None  # its line in the generated registration file (kernelgen.registration_entry)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+
+
+@dataclass(kw_only=True)
+class OwnOpRecord(_Typed):
+    """The backend's own operator `<device>::NAME` (kinds.own_op)."""
+    op: str
+    schema: str  # without the namespace: "scale(Tensor x, float alpha=1.0) -> Tensor"
+    body: str | None = None
+    autograd: bool | None = None
+    signature: str | None = None
+    source: str
+    autograd_source: str | None = None
+    python: str | None = None
+    test: str | None = None
+    source_sha256: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for f in (self.source, self.autograd_source, self.python, self.test) if f]
+
+
+@dataclass(kw_only=True)
+class OverrideRecord(_Typed):
+    """An autograd override of an ATen operator (kinds.autograd_override)."""
+    op: str
+    schema: str
+    signature: str | None = None
+    source: str
+    test: str | None = None
+    source_sha256: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    @property
+    def files(self) -> list[str]:
+        return [f for f in (self.source, self.test) if f]
+
+
+@dataclass(kw_only=True)
+class TorchTarget(_Typed):
+    """The torch a project is made for."""
+    _NULLABLE = frozenset({"native_functions_sha256"})
+    version: str
+    native_functions_sha256: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(kw_only=True)
+class UpdateState(_Typed):
+    """An update left conflicts to resolve: from which template to which, and the files."""
+    _RENAMED = {"from_": "from"}
+    from_: int | str
+    to: int | str
+    conflicts: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+
+@dataclass(kw_only=True)
+class Record(_Typed):
+    """backendgen.json. Its fields in the order a new project writes them."""
+    format: int = FORMAT
+    backendgen_version: str | None = None
+    template_version: str | int | None = None  # the template's version (a number, stored as text)
+    template_state: str | None = None  # the template tree's content hash (backendgen.project.template_tree)
+    device: str
+    DEVICE: str | None = None
+    package: str
+    dist_name: str
+    num_devices: int | None = None
+    torch: TorchTarget
+    ops: list[OpRecord] = field(default_factory=list)
+    amp: dict[str, str] | None = None  # the autocast table: operator -> policy
+    custom_ops: list[OwnOpRecord] | None = None
+    autograd_overrides: list[OverrideRecord] | None = None
+    update: UpdateState | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
+
+    _TYPES = {"torch": TorchTarget, "update": UpdateState}
+    _LISTS = {"ops": OpRecord, "custom_ops": OwnOpRecord, "autograd_overrides": OverrideRecord}
+
+    @classmethod
+    def _typed(cls, name: str, value):
+        if name in cls._TYPES and value is not None:
+            return cls._TYPES[name].from_json(value)
+        if name == "ops":
+            return [OpRecord(**d) for d in value]
+        if name in cls._LISTS:
+            return [cls._LISTS[name].from_json(d) for d in value]
+        return value
+
+    @classmethod
+    def load(cls, data: object, path: str = "backendgen.json") -> Record:
+        """The record of a parsed backendgen.json, validated whole first (ProjectError, one line)."""
+        validate(data, path)
+        return cls.from_json(data)
+
+    def built_entries(self) -> list[str]:
+        return built_entries(self.to_json())
