@@ -11,8 +11,8 @@ hand, which it refuses to touch. A deleted file is simply written again.
 from __future__ import annotations
 
 from backendgen.project import amp
-from backendgen.kinds import customop, overrides
-from backendgen.plumbing.errors import ProjectError, UserError
+from backendgen.kinds import customop
+from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
 from backendgen.torchdb.opdb import OpDB
 from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
@@ -20,7 +20,7 @@ from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
 _SEAL = "// backendgen sha256: "
 
 
-def render(entries: list[dict], *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
+def render(entries: list[dict] = (), *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
            amp: list[tuple[str, str]] = ()) -> str:
     """The file's text: one m.impl per generated kernel (`entries`: kernelgen.registration_entry), sorted
     by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
@@ -73,37 +73,15 @@ def is_pristine(text: str) -> bool:
 
 
 def text(project: Project, db: OpDB) -> str:
-    """The file `project` needs with the installed torch (`db`), from its backendgen.json."""
-    fallbacks = []  # without the fallback_by_name feature, fallback.cpp keeps run_on_cpu to itself
-    if "fallback_by_name" in project.features:
-        fallbacks = fallback_registrations(db, lambda op: project.covering(op) is not None)
-    return render(
-        project.registrations, device=project.device, fallbacks=fallbacks, custom=recorded_custom_ops(project),
-        overrides=recorded_overrides(project, db),
-        amp=[(name, policy) for name, policy in amp.entries(project.amp_table or {}) if db.get(name) is not None],
-    )
+    """The file `project` needs with the installed torch (`db`), from its backendgen.json: each operator
+    kind's lines (kinds.registry), then the autocast table."""
+    from backendgen.kinds.registry import KINDS
 
-
-def recorded_custom_ops(project: Project) -> list[customop.CustomOp]:
-    """The backend's own operators backendgen.json records, typed again by the installed torchgen."""
-    out = []
-    for d in project.custom_ops:
-        try:
-            out.append(customop.parse(project.device, d["op"], d["schema"], body=d.get("body"),
-                                      autograd=bool(d.get("autograd"))))
-        except UserError as e:
-            raise ProjectError(f"backendgen.json: the record of {d['op'][:80]} is malformed ({e})") from None
-    return out
-
-
-def recorded_overrides(project: Project, db: OpDB) -> list[overrides.Override]:
-    """The recorded autograd overrides the installed torch still has (`check` reports the others)."""
-    out = []
-    for d in project.autograd_overrides:
-        op = db.get(d["op"])
-        if op is not None and op.qualified == d["op"]:
-            out.append(overrides.Override(op, project.device))
-    return out
+    context = {}
+    for kind in KINDS:
+        context.update(kind.registration(project, db))
+    amp_table = [(name, policy) for name, policy in amp.entries(project.amp_table or {}) if db.get(name) is not None]
+    return render(device=project.device, amp=amp_table, **context)
 
 
 def needs_rewrite(project: Project, db: OpDB) -> bool:
