@@ -118,8 +118,8 @@ SUMMARY = ("SKIPPED [1] tests/ops/test_foo.py:33: no OpInfo sample calls aten::f
 
 
 def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
-    """add-op's test step returns the skips of the new tests' run (its log's -rs summary)."""
-    from backendgen.commands import addop
+    """The test step of a change (add-op's) keeps the new tests' log, whose -rs summary add-op reports."""
+    from backendgen.commands import transaction
     from backendgen.plumbing.progress import Reporter
     from backendgen.project.on_disk import Project
 
@@ -133,9 +133,10 @@ def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
     monkeypatch.setattr(build, "installed_from", lambda root, dist: False)
     monkeypatch.setattr(build, "build", lambda *args, **kwargs: None)
     monkeypatch.setattr(build, "run_tests", run_tests)
-    result = addop.AddOpsResult(project)
-    addop._build_and_test(Project.load(project), ["tests/ops/test_foo.py"], result, Reporter())
-    assert result.tested and result.skipped == [build.Skipped(1, "tests/ops/test_foo.py", SUMMARY.split(": ", 1)[1].splitlines()[0])]
+    with transaction.change(Project.load(project)) as change:
+        change.build_and_test(Reporter(), tests=["tests/ops/test_foo.py"], early=True, name="add-op-test")
+    skipped = build.skipped_tests(change.log)
+    assert change.tested and skipped == [build.Skipped(1, "tests/ops/test_foo.py", SUMMARY.split(": ", 1)[1].splitlines()[0])]
 
 
 def test_add_op_output_names_the_skipped_tests(project, monkeypatch):

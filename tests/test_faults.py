@@ -133,7 +133,9 @@ def test_new_interrupted_during_its_build_leaves_nothing_and_can_be_run_again(tm
     from backendgen.plumbing import interrupt
     from conftest import unique_device
 
-    monkeypatch.setattr(api, "_check_no_other_backend", lambda dist_name: None)
+    from backendgen.commands import new
+
+    monkeypatch.setattr(new, "check_no_other_backend", lambda dist_name: None)
     monkeypatch.setenv("BACKENDGEN_FAULT", "new:rendered=SIGTERM")
     dest = tmp_path / "proj"
     device = unique_device("flt")

@@ -124,7 +124,7 @@ def assert_hand_edits_intact(root: Path) -> None:
 
 def assert_on_current_template(root: Path) -> None:
     project = Project.load(root)
-    assert project.template_version == CURRENT and "update" not in project.data
+    assert project.template_version == CURRENT and project.record.update is None
     # the current template's files are there (template 5's regression tests, template 6's compiler, template 7's
     # operator wrappers)
     assert (root / "tests/test_semantics.py").is_file()
@@ -336,7 +336,7 @@ def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_
     state = earlier[0]
     root = _copy(rendered_project, tmp_path / "p")
     project = Project.load(root)
-    context = update.answers(project, CURRENT, project.data["backendgen_version"])
+    context = update.answers(project, CURRENT, project.record.backendgen_version)
     old_files = update.rendered_files(state, context)
     current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
     changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.TOOL_OWNED)

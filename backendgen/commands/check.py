@@ -29,12 +29,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
-from backendgen.kinds import customop
+from backendgen.kinds.kind import keyed
+from backendgen.kinds import registry
 from backendgen.project import devmodule, manifest
 from backendgen.torchdb import support
-from backendgen.torchdb.drift import Drift, classify, signature_types
+from backendgen.kinds import registration
+from backendgen.plumbing.errors import ProjectError
+from backendgen.project.record import TorchTarget
+from backendgen.torchdb.drift import Drift, classify
 from backendgen.plumbing.environment import installed_torch, subprocess_env
-from backendgen.plumbing.errors import EnvironmentProblem, UserError
+from backendgen.plumbing.errors import EnvironmentProblem
 from backendgen.torchdb.opdb import OpDB, load_opdb
 from backendgen.project.on_disk import REGISTRATION_FILE, Project
 from backendgen.plumbing.textenum import TextEnum
@@ -144,9 +148,9 @@ class CheckReport:
 
 
 def _expected_keys(project: Project) -> dict[str, list[str]]:
-    """The dispatch keys each custom operator, autograd override and autocast entry must have a kernel
-    for; for a project on the current template, also each registration of its integration points
-    (the manifest's `registers`; an operator a point defines has its catch-all kernel)."""
+    """The dispatch keys each operator of each kind and each autocast entry must have a kernel for;
+    for a project on the current template, also each registration of its integration points (the
+    manifest's `registers`; an operator a point defines has its catch-all kernel)."""
     keys: dict[str, list[str]] = {}
     tpl = manifest.load()
     if project.template_version == tpl.template_version:
@@ -157,62 +161,26 @@ def _expected_keys(project: Project) -> dict[str, list[str]]:
                         keys.setdefault(op, []).append(key)
             for op in point.defines:
                 keys.setdefault(op.replace("{package}", project.package), []).append("CompositeImplicitAutograd")
-    for d in project.custom_ops:
-        keys[d["op"]] = ["PrivateUse1", "CPU", "Meta"] + (["Autograd"] if d.get("autograd") else [])
-    for d in project.autograd_overrides:
-        keys.setdefault(d["op"], []).append("AutogradPrivateUse1")
+    for kind in registry.KINDS:
+        for op, wanted in kind.expected_keys(project).items():
+            keys.setdefault(op, []).extend(wanted)
     for name in (project.amp_table or {}):
         keys.setdefault(f"aten::{name}", []).append("AutocastPrivateUse1")
     return keys
 
 
-def _check_extras(report: CheckReport, project: Project, db: OpDB, probed: dict) -> None:
-    """The backend's own operators, autograd overrides and autocast table: their ATen operators still
-    exist in the installed torch, and the library registers each of their kernels."""
-    for d in project.autograd_overrides:
-        op = db.get(d["op"])
-        if op is not None and op.qualified != d["op"]:
-            op = None
-        kind = classify(d["signature"], op, schema_unchanged=op is not None and op.qualified_schema == d["schema"])
-        if kind is Drift.REMOVED:
-            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"autograd override of an operator removed from torch {db.torch_version}: "
-                       f"delete {d['source']}, {d['test']} and its entry in backendgen.json", kind=kind)
-        elif kind is not Drift.UNCHANGED:
-            report.add(Area.SCHEMA, Severity.WARNING if kind is Drift.SCHEMA_CHANGED else Severity.ERROR, d["op"],
-                       f"schema changed since the autograd override was written ({d['source']}): {op.qualified_schema}",
-                       kind=kind, old=d["schema"], new=op.qualified_schema)
-    for d in project.custom_ops:
-        if not d.get("signature"):
-            continue
-        try:
-            c = customop.parse(project.device, d["op"], d["schema"], body=d.get("body"), autograd=bool(d.get("autograd")))
-        except UserError as e:
-            report.add(Area.SCHEMA, Severity.ERROR, d["op"], f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
-                       kind=Kind.CUSTOM_SCHEMA)
-            continue
-        now = c.op.signature.replace(" NAME(", f" {c.name}(", 1)
-        if signature_types(now) != signature_types(d["signature"]):
-            report.add(Area.SCHEMA, Severity.ERROR, d["op"],
-                       f"torch {db.torch_version} types its schema differently: {d['signature']}  ->  {now}; "
-                       f"edit the kernels in {d['source']} to the new types", kind=Drift.SIGNATURE_CHANGED,
-                       old_signature=d["signature"], new_signature=now, source=d["source"])
+def _check_amp(report: CheckReport, project: Project, db: OpDB, probed: dict) -> None:
+    """The autocast table's operators still exist in the installed torch; the library registers every
+    kernel each operator of each kind and each autocast entry needs (_expected_keys)."""
     for name in (project.amp_table or {}):
         if db.get(name) is None:
             report.add(Area.SCHEMA, Severity.ERROR, f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
                        f"backendgen amp set {name} none", kind=Drift.REMOVED)
-    load = probed.get("load") or {}
-    if not load.get("ok"):
-        return
-    for op, keys in load.get("keyed", {}).items():
+    for op, keys in (keyed(probed) or {}).items():
         missing = [k for k, has in keys.items() if not has]
         if missing:
             report.add(Area.EXTENSION, Severity.ERROR, op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
                        kind=Kind.MISSING_KERNEL)
-    keyed = load.get("keyed", {})
-    if project.custom_ops and all(all(keyed.get(d["op"], {}).values()) for d in project.custom_ops):
-        report.add(Area.EXTENSION, Severity.OK, f"{project.device}::*",
-                   f"{len(project.custom_ops)} operator{'s' if len(project.custom_ops) != 1 else ''} of the backend "
-                   "registered with all their kernels")
 
 
 def device_module_reads() -> dict[str, list[str]]:
@@ -275,50 +243,11 @@ def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
             report.add(Area.VERSIONS, Severity.INFO, "support",
                        f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
                        "the findings below say what differs from the torch the project was made for", kind=Kind.UNTESTED)
-    made_with = project.data.get("backendgen_version", "?")
+    made_with = project.record.backendgen_version or "?"
     sev = Severity.OK if made_with == __version__ else Severity.INFO
     report.add(Area.VERSIONS, sev, "backendgen",
-               f"generated by backendgen {made_with} (template {project.data.get('template_version', '?')}), "
+               f"generated by backendgen {made_with} (template {project.record.template_version or '?'}), "
                f"this is {__version__}")
-
-
-def _check_schemas(report: CheckReport, project: Project, db: OpDB, probed: dict | None) -> None:
-    if project.yaml_sha256 == db.yaml_sha256:
-        report.add(Area.SCHEMA, Severity.OK, "native_functions.yaml",
-                   f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas")
-        return
-    live = (probed or {}).get("schemas", {})
-    for rec in project.ops:
-        op = db.get(rec.op)
-        entry = live.get(rec.op, {})
-        if probed is not None and entry.get("live") is None:
-            op = None  # the live dispatcher has no such operator
-        recorded_c = entry.get("recorded", rec.schema)
-        live_c = entry.get("live", op.qualified_schema if op is not None else None)
-        kind = classify(rec.signature, op, schema_unchanged=recorded_c == live_c)
-        if kind is Drift.REMOVED:
-            base = rec.op.removeprefix("aten::").split(".")[0]
-            matches = db.close_matches(rec.op)
-            hint = f"; close matches: {', '.join(matches)}" if matches else ""
-            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
-                       f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
-                       kind=kind, close_matches=matches, base=base)
-            continue
-        new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
-        if rec.overloads and new_overloads:
-            report.add(Area.SCHEMA, Severity.INFO, rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
-                       kind=Kind.NEW_OVERLOADS, overloads=new_overloads)
-        if kind is Drift.UNCHANGED:
-            report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=kind)
-        elif kind is Drift.SCHEMA_CHANGED:
-            report.add(Area.SCHEMA, Severity.WARNING, rec.op,
-                       "schema changed but the C++ kernel signature did not: check the kernel's semantics",
-                       kind=kind, old=recorded_c, new=live_c)
-        else:
-            report.add(Area.SCHEMA, Severity.ERROR, rec.op,
-                       f"kernel signature changed: {rec.signature}  ->  {op.signature}",
-                       kind=kind, old=recorded_c, new=live_c,
-                       old_signature=rec.signature, new_signature=op.signature, source=rec.source)
 
 
 _NOT_A_MESSAGE = re.compile(r"\s*(frame #\d+|<omitting python frames>|Exception raised from )")
@@ -533,12 +462,13 @@ def check_project(project: Project, *, strict: bool = False, list_ops: bool = Fa
     probed, stderr, returncode = _probe_results(probe)
     report = CheckReport(project=str(project.root), strict=strict)
     _check_versions(report, project, db)
-    _check_schemas(report, project, db, probed if "schemas" in probed else None)
+    for kind in registry.KINDS:  # what each kind of operator the project records says of the installed torch
+        kind.check(report, project, db, probed)
     _check_apis(report, project, db, probed)
     registered = _check_extension(report, project, probed, stderr, returncode)
     _check_consistency(report, project)
     _check_device_module(report, project, reads, probed)
-    _check_extras(report, project, db, probed)
+    _check_amp(report, project, db, probed)
     _check_coverage(report, project, db, registered, list_ops)
     return report
 
@@ -564,3 +494,49 @@ def render_report(report: CheckReport, out) -> None:
             out.print(f"\nno CPU kernel ({len(report.coverage['no_cpu_kernel_ops'])}): "
                       + ", ".join(report.coverage["no_cpu_kernel_ops"]))
     out.print("\n", styled(report.verdict, "bold " + ("red" if report.exit_code else "green")))
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bool = False, accept: bool = False):
+    """Check the project against the installed torch. With `accept`, a check without errors (and
+    without warnings under `strict`) then records that the project targets the installed torch:
+    its version, its native_functions.yaml hash, and the schemas and C++ signatures of the
+    operators that changed only in names (report.accepted says what; add-op works again)."""
+    from backendgen.commands import transaction
+
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    if not accept:
+        return check_project(project, strict=strict, list_ops=list_ops)
+    with transaction.change(project, require_files=False, rebuilds=False) as change:
+        report = check_project(project, strict=strict, list_ops=list_ops)
+        if report.exit_code == 0:
+            report.accepted = _accept(change, load_opdb())
+    return report
+
+
+def _accept(change, db: OpDB) -> dict:
+    """Record the installed torch in backendgen.json (check --accept), and rewrite the registration file for it."""
+    project = change.project
+    before = project.record.torch.to_json()
+    updated = []
+    for rec in project.ops:
+        op = db.get(rec.op)
+        if classify(rec.signature, op, schema_unchanged=False) in (Drift.REMOVED, Drift.SIGNATURE_CHANGED):
+            raise ProjectError(f"{rec.op} does not fit the installed torch; run backendgen check")  # check said it does
+        overloads = [o.qualified for o in db.overloads(op.base)] if rec.overloads else rec.overloads
+        if (rec.schema, rec.signature, rec.overloads) != (op.qualified_schema, op.signature, overloads):
+            rec.schema, rec.signature, rec.overloads = op.qualified_schema, op.signature, overloads
+            project.add_op(rec)
+            updated.append(rec.op)
+    project.record.torch = TorchTarget(version=db.torch_version, native_functions_sha256=db.yaml_sha256)
+    changed = project.record.torch.to_json() != before or bool(updated)
+    # the registration file names operators of the installed torch (registration.fallback_registrations)
+    rewrite = registration.needs_rewrite(project, db)
+    if changed or rewrite:
+        with change.writing() as tx:
+            if rewrite:
+                registration.write(project, db, tx)
+            change.save_record()
+    return {"changed": changed or rewrite, "from": before["version"], "to": db.torch_version, "updated_ops": sorted(updated),
+            "rebuild": rewrite}

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backendgen.toolchain import build
-from backendgen.project import record as metadata
 from backendgen.plumbing.errors import ProjectError
 from backendgen.project.on_disk import Project
 
@@ -42,10 +41,9 @@ class State:
 
 def recorded_files(project: Project) -> list[str]:
     """The files backendgen.json says the project has (sources a build compiles, their Python parts)."""
-    files = [rec.source for rec in project.ops if rec.origin == "add-op"]
-    for rec in project.custom_ops:
-        files += [rec[k] for k in ("source", "autograd_source", "python") if rec.get(k)]
-    files += [rec["source"] for rec in project.autograd_overrides]
+    from backendgen.kinds.registry import KINDS
+
+    files = [f for kind in KINDS for rec in kind.records(project) for f in kind.record_files(rec)]
     return list(dict.fromkeys(files))
 
 
@@ -55,7 +53,7 @@ def inspect(project: Project) -> State:
     state.missing = [rel for rel in (*BUILD_FILES, *recorded_files(project)) if not (root / rel).is_file()]
     seen = build.built_entries(root)
     if state.built and seen is not None:
-        now = metadata.built_entries(project.data)
+        now = project.record.built_entries()
         state.unbuilt = [e for e in now if e not in seen]
         state.removed = [e for e in seen if e not in now]
     return state

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from backendgen.kinds import kernelgen
 from backendgen.plumbing.environment import subprocess_env
-from backendgen.plumbing.errors import UserError
-from backendgen.torchdb.opdb import OpDB
+from backendgen.plumbing.errors import EnvironmentProblem, ProjectError, UserError
+from backendgen.torchdb.opdb import OpDB, load_opdb
 from backendgen.project.on_disk import Project
 
 @dataclass
@@ -212,7 +212,7 @@ def check_installed(project: Project) -> None:
     import importlib.metadata
     from urllib.parse import unquote, urlparse
 
-    dist_name = project.data["dist_name"]
+    dist_name = project.dist_name
     try:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError:
@@ -232,3 +232,50 @@ def check_installed(project: Project) -> None:
                 f"{dist_name} is installed from {where}, not from {project.root}; profile there (--project "
                 f"{shlex.quote(str(where))}), or rebuild this project: backendgen build --project {shlex.quote(str(project.root))}"
             )
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def profile(script: Path, args: list[str] | None = None, project_dir: Path | None = None, *,
+            stdout_to_stderr: bool = False):
+    """Run `script` (with `args`) on the project's backend and return what ran on the CPU fallback,
+    ranked, with the `backendgen add-op` argument for each operator (a `ProfileResult`).
+
+    The script's output goes where this process's goes (`stdout_to_stderr`: its stdout to stderr,
+    to keep stdout for a machine-readable report). A script that fails still gets its profile: its
+    exit status is in the result."""
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    script = Path(script)
+    if not script.exists():
+        raise UserError(f"no such script: {script}")
+    if script.is_dir() and not (script / "__main__.py").is_file():
+        raise UserError(f"{script} is a directory without __main__.py, not a script")
+    check_installed(project)
+    status, data = run(script, list(args or []), project.device, stdout_to_stderr=stdout_to_stderr)
+    if data is not None and data.get("error") == "import":
+        raise EnvironmentProblem(f"import torch failed in the script's process: {data.get('detail')}")
+    if data is not None and data.get("error") == "not_loaded":
+        raise ProjectError(
+            f"`import torch` did not load the {project.device} backend (torch.{project.device} is missing; see the "
+            f"warning above, if any); rebuild it: backendgen build --project {project.root}"
+        )
+    result = ProfileResult(project.root, project.device, script, list(args or []), status, None, collected=False)
+    if data is None or "stats" not in data:
+        detail = f": {data['detail']}" if data and data.get("detail") else ""
+        result.notes.append(f"the script {status_text(status)} before its profile could be collected{detail}")
+        return result
+    result.collected = True
+    result.seconds = data["seconds"]
+    db = load_opdb()
+    result.entries = analyze(data["stats"], db, project)
+    result.command = add_op_command(result.targets, project.root if project_dir is not None else None)
+    if db.torch_version != project.torch_version:
+        result.notes.append(
+            f"the project was generated for torch {project.torch_version} but torch {db.torch_version} is installed: "
+            "add-op refuses until the project is upgraded (backendgen check, docs/upgrading.md)"
+        )
+    if any(e.seconds is None for e in result.entries):
+        result.notes.append("this backend counts fallback calls but not their time (a project from an older template)")
+    if status != 0:
+        result.notes.append(f"the script {status_text(status)}; the profile covers what ran until then")
+    return result

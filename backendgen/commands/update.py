@@ -37,16 +37,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
-from backendgen.commands import addop
-from backendgen.project import contract, history, manifest, naming, template_tree
-from backendgen.kinds import kernelgen
+from backendgen.commands import transaction
+from backendgen.commands.transaction import check_no_other_backend
+from backendgen.kinds import registration
+from backendgen.kinds.aten_carry import kernel_files
+from backendgen.kinds import registry
+from backendgen.plumbing.progress import Reporter
+from backendgen.toolchain import build
+from backendgen.project import history, manifest, naming, template_tree
 from backendgen.torchdb.drift import Drift, argument_names, classify
 from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
 from backendgen.project.history import current_version, template_of
 from backendgen.project.merge import has_markers, merge3
-from backendgen.torchdb.opdb import OpDB
-from backendgen.project.on_disk import METADATA_FILE, PATHS, REGISTRATION_FILE, OpRecord, Project
+from backendgen.torchdb.opdb import OpDB, load_opdb
+from backendgen.project.on_disk import METADATA_FILE, PATHS, REGISTRATION_FILE, Project
+from backendgen.project.record import TorchTarget, UpdateState
 from backendgen.plumbing.textenum import TextEnum
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
@@ -175,7 +181,7 @@ class Plan:
 # --- checks before anything is planned -----------------------------------------------------------
 
 def recorded_version(project: Project) -> int:
-    raw = project.data.get("template_version", "1")  # template-1 projects of the first releases lack it
+    raw = project.record.template_version or "1"  # template-1 projects of the first releases lack it
     try:
         version = int(str(raw))
     except ValueError:
@@ -207,7 +213,7 @@ def git_dirty(root: Path) -> list[str] | None:
 
 def pending_conflicts(project: Project) -> list[str]:
     """Files an earlier update left with conflict markers that still hold them."""
-    recorded = (project.data.get("update") or {}).get("conflicts") or []
+    recorded = project.record.update.conflicts if project.record.update else []
     still = []
     for rel in recorded:
         path = project.root / rel
@@ -224,14 +230,14 @@ def pending_conflicts(project: Project) -> list[str]:
 def answers(project: Project, version: int, backendgen_version: str) -> dict[str, str]:
     """The cookiecutter context backendgen new gave the template (api.new_backend), from the project's
     own record, for template `version`."""
-    d = project.data
-    naming.check_device_name(d["device"])
-    naming.check_package_name(d["package"])
-    names = naming.derive(d["device"], d["package"]).context()
-    if names["dist_name"] != d["dist_name"]:
-        raise ProjectError(f"{project.metadata_path}: dist_name {d['dist_name']!r} does not follow from package "
-                           f"{d['package']!r}; restore it from version control")
-    devices = d.get("num_devices", 2)
+    r = project.record
+    naming.check_device_name(r.device)
+    naming.check_package_name(r.package)
+    names = naming.derive(r.device, r.package).context()
+    if names["dist_name"] != r.dist_name:
+        raise ProjectError(f"{project.metadata_path}: dist_name {r.dist_name!r} does not follow from package "
+                           f"{r.package!r}; restore it from version control")
+    devices = r.num_devices if r.num_devices is not None else 2
     if not isinstance(devices, int) or not 1 <= devices <= 64:
         raise ProjectError(f"{project.metadata_path}: num_devices {devices!r} is not a number of devices (1-64)")
     return {
@@ -329,7 +335,7 @@ def choose_base(project: Project, version: int) -> Base:
     """The template state the project was generated from: the recorded `template_state` when this
     backendgen has it, else the state of `version` whose rendering (with the project's answers)
     matches the most of the project's files byte for byte (on a tie, the later state)."""
-    recorded = project.data.get("template_state")
+    recorded = project.record.template_state
     note = ""
     if isinstance(recorded, str) and recorded:
         if version == current_version() and recorded == history.current_state():
@@ -346,7 +352,7 @@ def choose_base(project: Project, version: int) -> Base:
                            "reinstall backendgen")
     if len(candidates) == 1:
         return Base(candidates[0], note + candidates[0].describe())
-    context = answers(project, version, project.data.get("backendgen_version", __version__))
+    context = answers(project, version, (project.record.backendgen_version or __version__))
     own: dict[str, str | None] = {}
 
     def score(state: history.State) -> tuple[int, int]:
@@ -374,7 +380,7 @@ def choose_base(project: Project, version: int) -> Base:
 def earlier_state_of_current(project: Project) -> history.State | None:
     """The stored earlier state of the current template that the project records as its
     template_state, if it does: the template changed since, under the same version number."""
-    recorded = project.data.get("template_state")
+    recorded = project.record.template_state
     if not isinstance(recorded, str) or recorded == history.current_state():
         return None
     state = history.find(recorded)
@@ -401,7 +407,7 @@ def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: in
     new = result.to_version
     labels = ("yours", f"template {old}", f"template {new}")
     with tempfile.TemporaryDirectory(prefix="backendgen-update-") as tmp:
-        base = _render_files(old_dir, answers(project, old, project.data.get("backendgen_version", __version__)),
+        base = _render_files(old_dir, answers(project, old, (project.record.backendgen_version or __version__)),
                              Path(tmp) / "base")
         with template_of(new) as new_dir:
             theirs = _render_files(new_dir, answers(project, new, __version__), Path(tmp) / "theirs")
@@ -458,189 +464,6 @@ def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | bytes | N
 
 # --- kernels add-op wrote -----------------------------------------------------------------------------
 
-def _kernel_files(project: Project) -> dict[str, list[OpRecord]]:
-    files: dict[str, list[OpRecord]] = {}
-    for rec in project.ops:
-        if rec.origin == "add-op" and rec.source:
-            files.setdefault(rec.source, []).append(rec)
-    return files
-
-
-def _try_render(fn, *args, **kwargs) -> str | None:
-    import jinja2
-
-    try:
-        return fn(*args, **kwargs)
-    except jinja2.TemplateError:
-        return None  # an older kernel template that wants what the current kernelgen no longer passes
-
-
-def plan_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult, *, old: int, old_dir: Path | None,
-                 old_torch: str, skip: set[str] = frozenset()) -> None:
-    """Bring every kernel file add-op wrote (and its test, and the test harness) to the current
-    kernel shape: unedited files are rewritten, edited ones merged with the older shape as base.
-    The records of each file are replaced by the current add-op's (a template-1 structured kernel
-    gains its functional kernel). `old_dir`: the older template (None: the current one)."""
-    labels = ("yours", f"template {old}", f"template {result.to_version}")
-    old_ops = old_dir / "ops" if old_dir is not None else None
-    for source, recs in _kernel_files(project).items():
-        if source in skip:
-            continue
-        requested = recs[0].requested or recs[0].op
-        op = db.get(requested)
-        if op is None:
-            result.notes.append(f"{source}: {requested} is not in the installed torch; left as it is (backendgen check)")
-            continue
-        new_plan = kernelgen.plan_kernel(db, op)
-        if addop.kernel_paths(new_plan)[0] != source:
-            result.notes.append(f"{source}: the current add-op writes {requested}'s kernel elsewhere; left as it is")
-            continue
-        test = addop.kernel_paths(new_plan)[1]
-        ours = plan.read(source)
-        if ours is None:
-            result.notes.append(f"{source} is recorded but missing; left missing (backendgen remove-op {requested})")
-            continue
-        if isinstance(ours, bytes):
-            result.notes.append(f"{source} is not UTF-8 text; left as it is")
-            continue
-        theirs = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
-        recorded = recs[0].source_sha256
-        base_plan = kernelgen.plan_kernel(db, op, features=manifest.load().features_of(old))
-        base, exact = kernel_base(project, db, op, source, ours, recorded, old=old, old_ops=old_ops, old_torch=old_torch)
-        unedited = recorded is not None and sha256_text(ours) == recorded
-        if unedited:
-            merge_file(plan, result, source, ours, theirs, labels, regenerated=True)
-        else:
-            if not exact:
-                result.notes.append(f"{source}: the kernel add-op first wrote could not be rebuilt exactly; "
-                                    "merged against its closest shape (read the merge)")
-            merge_file(plan, result, source, base, theirs, labels)
-        # the test add-op wrote beside it
-        if (project.root / test).exists() or test in plan.writes:
-            base_test = (_try_render(kernelgen.render_test, base_plan, device=project.device, source_path=source, ops_dir=old_ops)
-                         or kernelgen.render_test(base_plan, device=project.device, source_path=source))
-            merge_file(plan, result, test, base_test,
-                       kernelgen.render_test(new_plan, device=project.device, source_path=source), labels)
-        for rec in recs:
-            project.remove_op(rec.op)
-        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_text(theirs)):
-            project.add_op(rec)
-    if plan.read(HARNESS) is not None:
-        new_harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
-        old_harness = (_try_render(kernelgen.render_harness, device=project.device, registration_file=REGISTRATION_FILE,
-                                   ops_dir=old_ops) or new_harness)
-        merge_file(plan, result, HARNESS, old_harness, new_harness, labels)
-
-
-def plan_default_kernels(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> None:
-    """Add the kernels a fresh project of the current template has that `project` lacks: the
-    manifest's `default_ops` and the derived view kernels (`kernelgen.view_ops_needing_kernels`), as
-    `backendgen new` writes them, so the current template's tests (a first model, every view
-    operator without the CPU fallback) hold for an updated project too. An operator the project
-    already makes native (an add-op record, or an `m.impl` at PrivateUse1 in one of its own C++
-    files: two registrations abort the load) or whose kernel path is taken is left out, with a note."""
-    tpl = manifest.load()
-    views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
-    own: set[str] = set()
-    for path in sorted((project.root / "csrc").rglob("*.cpp")):
-        if path.relative_to(project.root).as_posix() != REGISTRATION_FILE:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                own |= contract.registrations(path.read_text())[0].get("PrivateUse1", set())
-    added = False
-    for name in dict.fromkeys([*tpl.default_ops, *views]):
-        op = db.get(name)
-        if op is None:
-            continue
-        new_plan = kernelgen.plan_kernel(db, op)
-        if any(project.find_op(q) is not None for q in new_plan.covers):
-            continue  # native already (add-op, or an earlier update)
-        mine = sorted(q for q in new_plan.covers if q in own)
-        source, test = addop.kernel_paths(new_plan)
-        if mine:
-            result.notes.append(f"{op.qualified}: not added, your C++ registers {', '.join(mine)} at PrivateUse1")
-            continue
-        if plan.read(source) is not None or plan.read(test) is not None:
-            result.notes.append(f"{op.qualified}: not added, {source} or {test} exists (backendgen add-op {op.qualified})")
-            continue
-        text = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
-        for rel, body in ((source, text), (test, kernelgen.render_test(new_plan, device=project.device, source_path=source))):
-            plan.write(rel, body)
-            result.changes.append(FileChange(rel, Action.ADDED, f"a default kernel of template {result.to_version}"))
-        for rec in addop.kernel_records(project, db, new_plan, source_sha256=sha256_text(text)):
-            project.add_op(rec)
-        added = True
-    if added:
-        for rel, text in ((f"{PATHS['kernel_tests']}/__init__.py", ""),
-                          (HARNESS, kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE))):
-            if plan.read(rel) is None:
-                plan.write(rel, text)
-                result.changes.append(FileChange(rel, Action.ADDED))
-
-
-def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded: str | None, *, old: int,
-                old_ops: Path | None, old_torch: str) -> tuple[str, bool]:
-    """The kernel file as add-op wrote it, for the 3-way merge, and whether it is exactly that (its
-    hash is the recorded one). Looked for in the project's git history first, then rendered by the
-    current kernelgen in the older template's kernel shape (and variants: kernelgen itself has
-    changed between releases); without an exact one, the rendering closest to the project's file."""
-    if recorded:
-        for text in git_versions(project.root, source):
-            if sha256_text(text) == recorded:
-                return text, True
-    candidates = []
-    tpl = manifest.load()
-    for features in dict.fromkeys((tpl.features_of(old), tpl.current_features, tpl.features_of(1))):
-        plan = kernelgen.plan_kernel(db, op, features=features)
-        for ops_dir in (old_ops, None):
-            text = _try_render(kernelgen.render_kernel, plan, device=project.device, source_path=source,
-                               torch_version=old_torch, ops_dir=ops_dir)
-            if text is not None:
-                if recorded and sha256_text(text) == recorded:
-                    return text, True
-                candidates.append(text)
-    ours_lines = ours.splitlines()
-    closest = max(candidates, key=lambda c: difflib.SequenceMatcher(None, c.splitlines(), ours_lines, autojunk=False).ratio())
-    return closest, False
-
-
-def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
-    """The committed versions of `rel` (newest first) if the project is in a git work tree."""
-    if shutil.which("git") is None:
-        return []
-    log = subprocess.run(["git", "-C", str(root), "log", f"-n{limit}", "--format=%H", "--", rel],
-                         capture_output=True, text=True)
-    if log.returncode != 0:
-        return []
-    out = []
-    for commit in log.stdout.split():
-        show = subprocess.run(["git", "-C", str(root), "show", f"{commit}:./{rel}"], capture_output=True)
-        if show.returncode == 0:
-            with contextlib.suppress(UnicodeDecodeError):
-                out.append(show.stdout.decode())
-    return out
-
-
-def refresh_template_records(project: Project, db: OpDB) -> None:
-    """The records of the operators the current template registers itself (the manifest's
-    integration points), and, for a project coming to a template with an autocast table, the
-    template's table."""
-    tpl = manifest.load()
-    if not isinstance(project.data.get("amp"), dict):
-        project.data["amp"] = {n: p for n, p in tpl.default_amp.items() if db.get(n) is not None}
-    wanted = []
-    for name in tpl.builtin_ops():
-        op = db.get(f"aten::{name}") or db.get(name)
-        if op is not None:
-            wanted.append(op)
-    names = {op.qualified for op in wanted}
-    for rec in project.ops:
-        if rec.origin == "template" and rec.op not in names:
-            project.remove_op(rec.op)
-    for op in wanted:
-        if project.find_op(op.qualified) is None:
-            project.add_op(addop.template_record(db, op))
-
-
 # --- --torch ------------------------------------------------------------------------------------------
 
 def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> set[str]:
@@ -648,9 +471,9 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
     changed, rewrite the kernel's signature line(s) (the static_assert names the dispatcher's type, so
     it follows by itself) — or the whole file if add-op's text is unedited; where only names
     changed, update the record (as check --accept does). Everything else is listed as unfixable.
-    Returns the kernel files it could not fix (plan_kernels leaves them alone)."""
+    Returns the kernel files it could not fix (the kernel kind's carry leaves them alone)."""
     fixes: list[TorchFix] = []
-    files = _kernel_files(project)
+    files = kernel_files(project)
     for rec in project.ops:
         op = db.get(rec.op)
         where = rec.source or PATHS["template_kernels"]
@@ -677,7 +500,7 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
         text = None if isinstance(text, bytes) else text  # not text: listed as unfixable below
         recs = files.get(rec.source, [rec])
         if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
-            # unedited: plan_kernels rewrites the whole file for the new torch
+            # unedited: the kernel kind's carry rewrites the whole file for the new torch
             fixes.append(TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}"))
             continue
         if argument_names(op.signature) != argument_names(rec.signature):
@@ -696,3 +519,129 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
         result.changes.append(FileChange(rec.source, Action.SIGNATURE, rec.op))
     result.torch = fixes
     return {f.file for f in fixes if f.action is Fix.UNFIXABLE}  # the template step leaves these alone
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def update_project(project_dir: Path | None = None, *, dry_run: bool = False, torch_signatures: bool = False,
+                   build_it: bool = True, test_it: bool = True, allow_dirty: bool = False,
+                   keep_on_failure: bool = False, reporter: Reporter | None = None) -> UpdateResult:
+    """Carry a project to the current template: tool-owned files rewritten, the others merged 3-way so
+    no hand edit is lost, add-op's kernels brought to the current kernel shape. With
+    `torch_signatures`, first re-derive every recorded operator's signature from the installed torch
+    and fix the kernels where only types changed; then check.
+
+    One transaction (commands.transaction): a failure or an interrupt puts every file back. Conflicts
+    are left with markers, listed in the result (exit_code 1) and recorded; nothing is built then. A
+    project in a git work tree with uncommitted changes is refused unless `allow_dirty`. `dry_run`: the
+    result's diff says what would change, nothing is written."""
+    from backendgen.commands.check import check_project
+
+    rep = reporter or Reporter()
+    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    result = UpdateResult(project.root, recorded_version(project), current_version(), dry_run=dry_run)
+    kept = "the updated files were kept (--keep-on-failure); git diff shows them"
+    with transaction.change(project, keep_on_failure=keep_on_failure, kept=kept) as change:
+        if not dry_run and not allow_dirty:
+            dirty = git_dirty(project.root)
+            if dirty:
+                more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
+                raise ProjectError(f"{project.root} has uncommitted changes ({dirty[0]}{more}); commit or stash them, "
+                                   "or pass --allow-dirty")
+        with rep.step("plan"):
+            result.unresolved = pending_conflicts(project)
+            if result.unresolved:
+                return result  # an earlier update's conflicts first
+            plan = _plan_update(project, result, torch_signatures=torch_signatures)
+        if not dry_run and plan.writes:
+            build_it = build_it and not result.conflicts and not result.unfixable  # nothing to build until resolved
+            if build_it:  # before anything is written
+                build.check_toolchain()
+                check_no_other_backend(project.dist_name)
+                if test_it:
+                    build.check_test_tools()
+            with change.writing(rep) as tx:
+                for rel, text in plan.writes.items():
+                    if text is None:
+                        tx.remove(project.root / rel)
+                    else:
+                        tx.write(project.root / rel, text)
+                        if rel in plan.modes:
+                            (project.root / rel).chmod(plan.modes[rel])
+            if build_it:
+                # through pip: the template may have changed setup.py, pyproject.toml or the packages
+                change.build_and_test(rep, incremental=False, test=test_it)
+                result.built, result.tested = change.built, change.tested
+    if torch_signatures and not dry_run:
+        with rep.step("check"):
+            result.check = check_project(Project.load(project.root))
+    return result
+
+
+@dataclass
+class _Step:
+    """The update's plan as the operator kinds see it (kinds.kind.UpdateStep)."""
+
+    plan: Plan
+    result: UpdateResult
+    old: int
+    new: int
+    old_dir: Path | None
+    old_torch: str
+    skip: set[str]
+    moves: bool
+
+    def read(self, rel: str) -> str | bytes | None:
+        return self.plan.read(rel)
+
+    def merge(self, rel: str, base, theirs, *, regenerated: bool = False) -> None:
+        labels = ("yours", f"template {self.old}", f"template {self.new}")
+        merge_file(self.plan, self.result, rel, base, theirs, labels, regenerated=regenerated)
+
+    def add(self, rel: str, text: str, why: str = "") -> None:
+        self.plan.write(rel, text)
+        self.result.changes.append(FileChange(rel, Action.ADDED, why))
+
+    def note(self, text: str) -> None:
+        self.result.notes.append(text)
+
+
+def _plan_update(project: Project, result: UpdateResult, *, torch_signatures: bool) -> Plan:
+    """Every file the update writes (`Plan.writes`) and what the result reports of it; project's record
+    is brought up to date in memory."""
+    old, new = result.from_version, result.to_version
+    db = load_opdb()
+    if db.torch_version != project.torch_version and not torch_signatures:
+        raise ProjectError(
+            f"the project targets torch {project.torch_version} but torch {db.torch_version} is installed; "
+            "pass --torch to move it to the installed torch too (or install the project's torch)"
+        )
+    registration.needs_rewrite(project, db)  # refuses a registration file edited by hand
+    plan = Plan(project.root)
+    old_torch = project.torch_version
+    skip = plan_torch(project, db, plan, result) if torch_signatures else set()
+    # a project from an earlier state of the current template merges like one from an earlier version
+    moves = old < new or earlier_state_of_current(project) is not None
+    if moves or torch_signatures:
+        with base_template(project, old, result) as old_dir:
+            if moves:
+                plan_template(project, plan, result, old=old, old_dir=old_dir)
+                project.record.template_version = str(new)
+                project.record.backendgen_version = __version__
+                project.record.template_state = history.current_state()
+            step = _Step(plan, result, old=old, new=new, old_dir=old_dir, old_torch=old_torch, skip=skip, moves=moves)
+            for kind in registry.KINDS:  # each kind of operator carries its own files and records
+                kind.carry(project, db, step)
+    if torch_signatures and not result.unfixable:
+        project.record.torch = TorchTarget(version=db.torch_version, native_functions_sha256=db.yaml_sha256)
+        result.torch_recorded = db.torch_version
+    if result.conflicts:
+        project.record.update = UpdateState(from_=old, to=new, conflicts=sorted(set(result.conflicts)))
+    else:
+        project.record.update = None
+    for rel, text in ((REGISTRATION_FILE, registration.text(project, db)), (METADATA_FILE, project.metadata_text())):
+        plan.write(rel, text)
+        if rel in plan.writes:
+            result.changes.append(FileChange(rel, Action.REWRITTEN))
+    result.diff = plan.diff()
+    return plan
