@@ -1,19 +1,17 @@
-// Emulated implementation of driver.h (and of emulator.h's memory calls), part 1: devices and
-// memory (streams.cpp has the rest).
+// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest), and
+// of emulator.h's memory calls, which a hardware team deletes with this file.
 //
 // Device memory is host memory that the host cannot touch by accident. Each driver allocation is a
 // memory file mapped twice: the device address handed out is mapped with no access at all (a
 // kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
 // real accelerator), and a second, read-write mapping is what emulator::host_address returns to
-// the driver and to the kernels it runs. The emulator also keeps the table of live allocations (which device
-// owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
+// the driver and to the kernels it runs. The emulator also keeps the table of live allocations
+// (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
 // 512M or 16G) and a current device per thread.
 //
 // What a hardware team replaces: this whole file, with calls into its SDK (device memory, pinned
-// host memory, device properties); emulator.h's calls go with it. No torch headers here.
+// host memory, device properties). No torch headers here.
 #include "driver/driver.h"
-
-#include "driver/emulator.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -31,6 +29,8 @@
 #include <thread>
 #include <unordered_set>
 #include <vector>
+
+#include "driver/emulator.h"
 
 namespace {{ cookiecutter.device }}::driver {
 namespace {

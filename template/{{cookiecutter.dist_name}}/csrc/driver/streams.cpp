@@ -1,5 +1,6 @@
-// Emulated implementation of driver.h (and of emulator.h's stream calls), part 2: streams,
-// events, queued work and tracing.
+// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing, and of
+// emulator.h's stream calls (launch, run_blocking, enter/leave_stream, sleep), which a hardware
+// team deletes with this file.
 //
 // Each device has one worker thread, its "hardware". Work launched on a stream (kernels, copies,
 // event records, waits on events, sleeps) joins the stream's queue and returns at once; the worker
@@ -13,10 +14,8 @@
 // holds.
 //
 // What a hardware team replaces: this whole file, with the SDK's streams, events and launches; the
-// activity records come from its tracing API (CUPTI-like). emulator.h's calls go with it.
+// activity records come from its tracing API (CUPTI-like).
 #include "driver/driver.h"
-
-#include "driver/emulator.h"
 
 #include <algorithm>
 #include <atomic>
@@ -32,6 +31,8 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "driver/emulator.h"
 
 namespace {{ cookiecutter.device }}::driver {
 namespace streams_impl {
