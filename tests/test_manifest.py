@@ -107,6 +107,40 @@ def test_kernel_helpers_and_the_setup_protocol_are_held_to_the_manifest(template
         "setup.py: its `unity` command does not print 'sources:' (template.json build.sources_prefix)",
     ]
 
+def test_only_the_files_the_manifest_lists_may_include_the_emulator_header(template_copy):
+    csrc = template_copy / contract.PROJECT_DIR / "csrc"
+    kernel = csrc / "aten" / "my_op.cpp"  # a kernel reaching past kernel_support.h
+    kernel.write_text('#include "aten/kernel_support.h"\n#include "driver/emulator.h"\n')
+    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
+        {"name": "my op", "paths": ["csrc/aten/my_op.cpp"], "about": "", "replace": "no"}))
+    assert contract.audit(template_copy) == [
+        "csrc/aten/my_op.cpp: includes csrc/driver/emulator.h, the emulator's own calls; only the files "
+        "template.json lists in emulator.users may (the rest reach the device through driver.h, kernels through "
+        "kernel_support.h)"
+    ]
+    kernel.unlink()
+    # a listed user that no longer includes it, a header as a user, and a kernel template calling it
+    host_memory = csrc / "distributed" / "host_memory.cpp"
+    host_memory.write_text(host_memory.read_text().replace('#include "driver/emulator.h"\n', ""))
+    _edit_manifest(template_copy, lambda d: d["emulator"]["users"].append("csrc/aten/kernel_support.h"))
+    j2 = template_copy / "ops" / "kernel.cpp.j2"
+    j2.write_text(j2.read_text() + "// void* p = emulator::host_address(self.data_ptr());\n")
+    assert sorted(contract.audit(template_copy)) == [
+        "emulator: csrc/aten/kernel_support.h is a header: every file that includes it would reach the emulator",
+        "emulator: csrc/distributed/host_memory.cpp is a user in template.json but does not include csrc/driver/emulator.h",
+        "ops/kernel.cpp.j2: generated code reaches the emulator (emulator.h or emulator::); generated kernels use "
+        "kernels:: helpers (kernel_support.h)",
+    ]
+
+
+def test_a_malformed_emulator_entry_is_refused():
+    data = manifest.read(manifest.template_dir())
+    assert manifest.parse(data).emulator.header == "csrc/driver/emulator.h"
+    data["emulator"] = {"header": "csrc/driver/emulator.h", "users": "csrc/python/module.cpp"}
+    with pytest.raises(TypeError, match="emulator needs a `header` path and a `users` list"):
+        manifest.parse(data)
+
+
 def test_registrations_are_read_from_the_cpp():
     cpp = textwrap.dedent("""
     // TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("commented_out", f); }

@@ -10,7 +10,10 @@
 - a C++ file, or a folder backendgen generates C++ into, that no unity group of the template's
   `setup.py` (`GROUPS`) compiles, or a `setup.py` without the command `build` names;
 - a name generated kernels call (`kernels::NAME` in backendgen's generators and `template/ops/`)
-  that no integration point `provides`, or a provided one its files do not declare.
+  that no integration point `provides`, or a provided one its files do not declare;
+- a file that includes the emulator's own header (`emulator.header`) without being one of the
+  manifest's `emulator.users`, generated code that reaches the emulator, or a listed user that is
+  missing, is a header, or no longer includes it.
 
 `api_problems(manifest)` checks that every API the manifest names exists in the installed torch.
 tests/test_manifest.py runs both; `python -m backendgen.project.contract` prints them for the template.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import posixpath
 import re
 import sys
 from collections import defaultdict
@@ -100,6 +104,7 @@ def audit(template: Path | None = None) -> list[str]:
     problems += _uncompiled(files, m)
     problems += _setup_protocol(files, m)
     problems += _provided(template, files, m)
+    problems += _emulator_users(template, files, m)
     for point in m.integration_points:
         texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
         found_reg: dict[str, set[str]] = defaultdict(set)
@@ -148,18 +153,58 @@ def _setup_protocol(files: dict[str, Path], m: Manifest) -> list[str]:
 _KERNEL_NAME = re.compile(r"(?:\{K\}|kernels)::([A-Za-z_]\w*)")
 
 
+def _generators(template: Path) -> list[Path]:
+    """What writes a project's generated C++: backendgen's modules and the kernel templates."""
+    here = Path(__file__).resolve()
+    package = here.parent.parent  # backendgen/
+    return [*(p for p in sorted(package.rglob("*.py")) if p.name not in (here.name, "manifest.py")),
+            *sorted((template / "ops").glob("*.j2"))]
+
+
 def _provided(template: Path, files: dict[str, Path], m: Manifest) -> list[str]:
     """Names generated code calls in the template's kernel helpers, against the points' `provides`."""
-    here = Path(__file__).resolve()
-    generators = [*(p for p in sorted(here.parent.parent.rglob("*.py")) if p.name not in (here.name, "manifest.py")),
-                  *sorted((template / "ops").glob("*.j2"))]
-    called = {name for path in generators for name in _KERNEL_NAME.findall(path.read_text())}
+    called = {name for path in _generators(template) for name in _KERNEL_NAME.findall(path.read_text())}
     provided = {name: point for point in m.integration_points for name in point.provides}
     problems = [f"generated code calls kernels::{name}, which no integration point provides" for name in sorted(called - set(provided))]
     for name, point in provided.items():
         texts = [files[f].read_text() for f in files if point.specificity(f) and f.endswith(".h")]
         if not any(re.search(rf"\b{re.escape(name)}\b", t) for t in texts):
             problems.append(f"{point.name}: provides {name}, which its headers do not declare")
+    return problems
+
+
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.M)
+
+
+def _emulator_users(template: Path, files: dict[str, Path], m: Manifest) -> list[str]:
+    """Who includes the emulator's own header: the files the manifest lists, and nothing generated."""
+    if m.emulator is None:
+        return []
+    header, users = m.emulator.header, m.emulator.users
+
+    def includes(path: str) -> bool:  # an include is relative to csrc/ (the include dir) or to the file
+        spelled = _INCLUDE.findall(_COMMENT.sub("", files[path].read_text(errors="replace")))
+        return any(header in (posixpath.normpath(f"csrc/{s}"), posixpath.normpath(posixpath.join(posixpath.dirname(path), s)))
+                   for s in spelled)
+
+    if header not in files:
+        return [f"emulator: {header} is in {MANIFEST_FILE} but not in the template"]
+    problems = []
+    including = {f for f in files if f != header and f.endswith((".cpp", ".h")) and includes(f)}
+    problems += [f"{f}: includes {header}, the emulator's own calls; only the files {MANIFEST_FILE} lists in "
+                 f"emulator.users may (the rest reach the device through driver.h, kernels through kernel_support.h)"
+                 for f in sorted(including - set(users))]
+    for user in users:
+        if user not in files:
+            problems.append(f"emulator: {user} is a user in {MANIFEST_FILE} but not in the template")
+        elif not user.endswith(".cpp"):
+            problems.append(f"emulator: {user} is a header: every file that includes it would reach the emulator")
+        elif user not in including:
+            problems.append(f"emulator: {user} is a user in {MANIFEST_FILE} but does not include {header}")
+    name = posixpath.basename(header)
+    problems += [f"{path.parent.name}/{path.name}: generated code reaches the emulator ({name} or emulator::); generated kernels use "
+                 f"kernels:: helpers (kernel_support.h)"
+                 for path in _generators(template) if name in (text := path.read_text()) or "emulator::" in text]
     return problems
 
 

@@ -7,6 +7,8 @@ It is the one place that says
   introduced it), so code asks `"common_device" in features_of(version)`, never compares versions;
 - where things live in a generated project (`paths`), and how backendgen asks its `setup.py` for
   the sources a build compiles (`build`);
+- which files may include the emulator's own header (`emulator`: `header`, `users`), the calls
+  that exist only because the emulated device's memory is host memory (not the port API);
 - every integration point: the files it owns (`paths`, shown in the generated README, and
   `more_files`), what it does and what a hardware team replaces, the C++ names it provides to
   generated kernels (`provides`), the operators it registers
@@ -89,6 +91,12 @@ class IntegrationPoint:
 
 
 @dataclass(frozen=True)
+class Emulator:
+    header: str  # the emulator's own header (`csrc/driver/emulator.h`), beside the port API `driver.h`
+    users: tuple[str, ...]  # the only project files that may include it (.cpp files: a header would pass it on)
+
+
+@dataclass(frozen=True)
 class Manifest:
     template_version: int
     torch_minimum: str
@@ -104,6 +112,7 @@ class Manifest:
     # template's device module answers, and those that concern no PrivateUse1 device, with why
     device_module_provides: tuple[str, ...] = ()
     device_module_not_needed: dict[str, str] = field(default_factory=dict)
+    emulator: Emulator | None = None  # None: a template from before the driver/emulator split
 
     def features_of(self, template_version: int) -> frozenset[str]:
         """The features a project from `template_version` has."""
@@ -134,6 +143,16 @@ def _tuple_map(d: dict | None) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in (d or {}).items()}
 
 
+def _emulator(data: object) -> Emulator | None:
+    if data is None:
+        return None
+    header = data.get("header") if isinstance(data, dict) else None
+    users = data.get("users") if isinstance(data, dict) else None
+    if not (isinstance(header, str) and isinstance(users, list) and all(isinstance(u, str) for u in users)):
+        raise TypeError(f"{MANIFEST_FILE}: emulator needs a `header` path and a `users` list of paths, not {data!r}")
+    return Emulator(header, tuple(users))
+
+
 def parse(data: dict) -> Manifest:
     """A manifest from the parsed JSON; a malformed one is backendgen's own bug (KeyError/TypeError)."""
     points = tuple(
@@ -159,6 +178,7 @@ def parse(data: dict) -> Manifest:
         default_amp=dict(data["default_amp"]),
         device_module_provides=tuple(data.get("device_module", {}).get("provides", ())),
         device_module_not_needed=dict(data.get("device_module", {}).get("not_needed", {})),
+        emulator=_emulator(data.get("emulator")),
     )
 
 

@@ -2,9 +2,10 @@
 // device checks and output allocation for kernels.
 //
 // What a hardware team replaces: host_alias only works because the emulated device memory is host
-// memory (driver::host_address). With real device memory, kernels launch SDK work on device
-// pointers instead, and the minimal ops (_copy_from) move bytes with driver::memcpy.
-// common_device, empty_device and StreamScope stay.
+// memory (emulator::host_address), and launch and StreamScope queue host code on the emulator's
+// streams (driver/emulator.h: this file is one of the few that include it). With real device
+// memory, kernels launch SDK work on device pointers instead, and the minimal ops (_copy_from)
+// move bytes with driver::memcpy. common_device, empty_device and StreamScope stay.
 #include "aten/kernel_support.h"
 
 #include <ATen/EmptyTensor.h>
@@ -17,6 +18,7 @@
 #include <array>
 #include <cstring>
 
+#include "driver/emulator.h"
 #include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::kernels {
@@ -28,7 +30,7 @@ bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() ==
 // is not accessible from the host).
 void* host_bytes(const c10::Storage& st) {
   if (st.data() == nullptr) return nullptr;
-  void* host = driver::host_address(st.data());
+  void* host = emulator::host_address(st.data());
   TORCH_CHECK(host != nullptr, "{{ cookiecutter.device }}: a device tensor's storage is not device memory");
   return host;
 }
@@ -236,15 +238,15 @@ StreamScope::StreamScope(c10::Device device, const char* name)
     : device_(device.index() >= 0 ? device.index() : runtime::current_device()),
       stream_(runtime::current_stream_id(static_cast<c10::DeviceIndex>(device_))),
       name_(name) {
-  {{ cookiecutter.DEVICE }}_CHECK(driver::enter_stream(device_, stream_));
+  {{ cookiecutter.DEVICE }}_CHECK(emulator::enter_stream(device_, stream_));
 }
 
-StreamScope::~StreamScope() { driver::leave_stream(device_, stream_, name_); }
+StreamScope::~StreamScope() { emulator::leave_stream(device_, stream_, name_); }
 
 void launch(c10::Device device, const char* name, std::function<void()> work) {
   const int index = device.index() >= 0 ? device.index() : runtime::current_device();
-  {{ cookiecutter.DEVICE }}_CHECK(driver::launch(index, runtime::current_stream_id(static_cast<c10::DeviceIndex>(index)),
-                                                 name, std::move(work)));
+  {{ cookiecutter.DEVICE }}_CHECK(emulator::launch(index, runtime::current_stream_id(static_cast<c10::DeviceIndex>(index)),
+                                                   name, std::move(work)));
 }
 
 at::Tensor meta_like(const at::Tensor& t) {
@@ -363,7 +365,7 @@ Held::Held(const at::Tensor& t) {
 
 at::Tensor& Held::get() {
   if (device_ && !tensor_.defined()) {
-    tensor_ = pooled_alias(Geometry{memory_ != nullptr ? driver::host_address(memory_) : nullptr, nbytes_, sizes_,
+    tensor_ = pooled_alias(Geometry{memory_ != nullptr ? emulator::host_address(memory_) : nullptr, nbytes_, sizes_,
                                     strides_, offset_, dtype_, conj_, neg_});
   }
   return tensor_;

@@ -1,7 +1,7 @@
 // Helpers every {{ cookiecutter.device }} kernel uses to run on device memory (see kernel_support.cpp).
 //
 // The emulated device's memory is host memory behind the driver, so a kernel can view its tensors
-// as CPU tensors without copying (`host_alias`, through driver::host_address), run the CPU kernel
+// as CPU tensors without copying (`host_alias`, through emulator::host_address), run the CPU kernel
 // on them, and publish the result back (`write_back` for mutated arguments, `to_device` for new
 // results). Kernels are asynchronous, as on a chip: a kernel decides its outputs on the host and
 // queues its computation on the current stream (`launch`, below) — so a missing wait_stream,

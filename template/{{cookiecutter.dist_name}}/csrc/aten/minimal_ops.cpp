@@ -128,9 +128,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // tensors alive (record_stream / the pinned allocator's events do that).
   at::Tensor to = dst_on_device ? kernels::host_alias(dst) : kernels::borrowed(dst);
   at::Tensor from = src_on_device ? kernels::host_alias(self) : kernels::borrowed(self);
-  {{ cookiecutter.DEVICE }}_CHECK(driver::launch(device.index(), stream, name, [to = std::move(to), from = std::move(from)]() mutable {
+  kernels::launch(device, name, [to = std::move(to), from = std::move(from)]() mutable {
     at::_ops::copy_::call(to, from, false);
-  }));
+  });
   if (pinned) {
     const c10::DataPtr& block = host_side.storage().data_ptr();
     runtime::record_host_use(block, c10::Stream(c10::Stream::UNSAFE, device, stream));

@@ -10,12 +10,13 @@
 // Python drops the device tensor (a temporary buffer, say) before the collective completes.
 // What a hardware team replaces: nothing here. A collective library that takes device pointers
 // gets device tensors in process_group.cpp and never calls this operator; delete it
-// with the emulated transport.
+// with the emulated transport (it is one of the few files that include driver/emulator.h).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
 #include "distributed/host_memory.h"
+#include "driver/emulator.h"
 #include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::distributed {
@@ -34,7 +35,7 @@ at::Tensor host_view(const at::Tensor& t) {
   // The collective runs on the host: the device's queued work on t must be done first.
   const c10::DeviceIndex device = t.device().index();
   {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(device, runtime::current_stream_id(device)));
-  void* bytes = st.data() != nullptr ? driver::host_address(st.data()) : nullptr;
+  void* bytes = st.data() != nullptr ? emulator::host_address(st.data()) : nullptr;
   TORCH_CHECK(st.data() == nullptr || bytes != nullptr, "host_view: the tensor's storage is not device memory");
   auto* keep = new c10::Storage(st);  // released with the view's memory
   c10::DataPtr ptr(bytes, keep, &release_storage, c10::Device(c10::DeviceType::CPU));

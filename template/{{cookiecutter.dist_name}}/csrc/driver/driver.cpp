@@ -1,11 +1,12 @@
-// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest).
+// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest), and
+// of emulator.h's memory calls, which a hardware team deletes with this file.
 //
 // Device memory is host memory that the host cannot touch by accident. Each driver allocation is a
 // memory file mapped twice: the device address handed out is mapped with no access at all (a
 // kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
-// real accelerator), and a second, read-write mapping is what host_address returns to the driver
-// and to the kernels it runs. The emulator also keeps the table of live allocations (which device
-// owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
+// real accelerator), and a second, read-write mapping is what emulator::host_address returns to
+// the driver and to the kernels it runs. The emulator also keeps the table of live allocations
+// (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
 // 512M or 16G) and a current device per thread.
 //
 // What a hardware team replaces: this whole file, with calls into its SDK (device memory, pinned
@@ -28,6 +29,8 @@
 #include <thread>
 #include <unordered_set>
 #include <vector>
+
+#include "driver/emulator.h"
 
 namespace {{ cookiecutter.device }}::driver {
 namespace {
@@ -89,7 +92,7 @@ MemoryState& memory() {
     // the runtime's hooks register (runtime/hooks.cpp). An SDK has its own rules here.
     pthread_atfork(nullptr, nullptr, [] {
       new (&memory().mu) std::mutex();
-      mark_forked();
+      emulator::mark_forked();
     });
     return st;
   }();
@@ -165,13 +168,6 @@ Status set_device(int device) {
   return Status::ok;
 }
 
-bool in_bad_fork() { return memory().bad_fork; }
-
-void mark_forked() {
-  MemoryState& s = memory();
-  if (s.initialized) s.bad_fork = true;
-}
-
 Status get_device_properties(int device, DeviceProperties* props) {
   if (!valid(device)) return Status::invalid_device;
   MemoryState& s = memory();
@@ -236,14 +232,6 @@ Status free(void* ptr, int* device, size_t* bytes) {
   return Status::ok;
 }
 
-void* host_address(const void* ptr) {
-  MemoryState& s = memory();
-  std::lock_guard<std::mutex> lock(s.mu);
-  const auto* entry = find(ptr);
-  if (entry == nullptr) return nullptr;
-  return entry->second.host + (static_cast<const char*>(ptr) - entry->first);
-}
-
 int pointer_device(const void* ptr) {
   MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -257,14 +245,6 @@ Status mem_info(int device, size_t* free_bytes, size_t* total_bytes) {
   std::lock_guard<std::mutex> lock(s.mu);
   *total_bytes = s.limit[device];
   *free_bytes = s.limit[device] > s.used[device] ? s.limit[device] - s.used[device] : 0;
-  return Status::ok;
-}
-
-Status set_mem_limit(int device, size_t bytes) {
-  if (!valid(device)) return Status::invalid_device;
-  MemoryState& s = memory();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.limit[device] = bytes;
   return Status::ok;
 }
 
@@ -299,3 +279,31 @@ bool is_host_pinned(const void* ptr) {
 }
 
 }  // namespace {{ cookiecutter.device }}::driver
+
+// emulator.h: the emulator's own memory and fork calls
+namespace {{ cookiecutter.device }}::emulator {
+
+bool in_bad_fork() { return driver::memory().bad_fork; }
+
+void mark_forked() {
+  driver::MemoryState& s = driver::memory();
+  if (s.initialized) s.bad_fork = true;
+}
+
+void* host_address(const void* ptr) {
+  driver::MemoryState& s = driver::memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto* entry = driver::find(ptr);
+  if (entry == nullptr) return nullptr;
+  return entry->second.host + (static_cast<const char*>(ptr) - entry->first);
+}
+
+Status set_mem_limit(int device, size_t bytes) {
+  if (!driver::valid(device)) return Status::invalid_device;
+  driver::MemoryState& s = driver::memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.limit[device] = bytes;
+  return Status::ok;
+}
+
+}  // namespace {{ cookiecutter.device }}::emulator

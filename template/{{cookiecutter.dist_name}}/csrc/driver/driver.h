@@ -1,24 +1,27 @@
 // The device driver API of the {{ cookiecutter.device }} backend — THE seam a hardware team replaces.
 //
 // Everything above this file (allocators, guard, hooks, kernels) talks to the device only through
-// these functions. Here they are implemented by an emulator (driver.cpp) that behaves like an
+// these functions: the port API, shaped like CUDA's runtime (devices, memory, copies, pinned host
+// memory, streams, events, activity tracing). A hardware team re-implements exactly this header
+// on its SDK and keeps the rest of the backend.
+//
+// Here they are implemented by an emulator (driver.cpp, streams.cpp) that behaves like an
 // asynchronous accelerator, so that lifetime and ordering bugs show up on a CPU machine:
 //   - each stream runs its work (kernels, copies, event records, waits) in order on a worker
 //     thread of its own; launching returns at once, and only the synchronize calls, event
 //     queries and blocking copies tell the host that the work is done;
 //   - device memory is host memory the host cannot touch by accident: the address a device
-//     allocation returns is mapped with no access, and only the driver (and kernels it runs,
-//     through host_address) reaches the bytes through a second mapping;
+//     allocation returns is mapped with no access, and only the driver (and kernels it runs)
+//     reaches the bytes through a second mapping;
 //   - events complete when their stream reaches them, and a stream that waits on an event does
 //     not run past the wait until the event completes.
-// A hardware team re-implements this header on its SDK (runtime, memory, stream, event and
-// profiler calls) and keeps the rest of the backend; host_address, launch and sleep are what an
-// SDK's kernel launches replace.
+// The emulator's own calls — those that exist only because device memory is host memory and
+// kernels are host code (host addresses, queuing host code on a stream, test aids) — are not
+// here but in emulator.h, which a hardware team deletes with driver.cpp and streams.cpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,8 +48,6 @@ bool is_initialized();
 Status get_device(int* device);
 Status set_device(int device);
 Status device_synchronize(int device);  // waits for the work of every stream of the device
-bool in_bad_fork();                     // true in a child forked after the parent used a device
-void mark_forked();                     // called by the driver's own fork handler in the child
 
 struct DeviceProperties {
   std::string name;
@@ -66,11 +67,7 @@ Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int devic
 // until the stream passes it (record an event after it).
 Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream);
 Status mem_info(int device, size_t* free_bytes, size_t* total_bytes);
-Status set_mem_limit(int device, size_t bytes);  // emulator only: the device's capacity
 int pointer_device(const void* ptr);  // the device owning ptr, or -1
-// Emulator only: the host address kernels use for device address `ptr` (any address inside an
-// allocation), or nullptr if ptr is not device memory.
-void* host_address(const void* ptr);
 
 // Pinned (page-locked) host memory
 Status host_malloc(void** ptr, size_t bytes);
@@ -85,20 +82,6 @@ Status stream_synchronize(int device, int64_t stream);
 Status stream_query(int device, int64_t stream);  // ok when all work is done, else not_ready
 Status stream_wait_event(int device, int64_t stream, void* event);
 
-// Work on a stream. launch queues `work` (a kernel) on the stream's worker thread and returns;
-// `name` is what the profiler shows. run_blocking waits for the stream's queued work, runs `work`
-// on the calling thread as the stream's next item, and returns when it is done (kernels whose
-// output sizes depend on their inputs, and the emulator's kernels that return new tensors).
-Status launch(int device, int64_t stream, const char* name, std::function<void()> work);
-Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work);
-// run_blocking in two halves, for a kernel body that runs between them: enter waits for the
-// stream's queued work and holds the stream (work launched meanwhile queues behind); leave lets
-// it go. Re-entrant on one thread. Every enter must be matched by a leave.
-Status enter_stream(int device, int64_t stream);
-void leave_stream(int device, int64_t stream, const char* name = nullptr);
-// Test aid, like torch.cuda._sleep: queues work that keeps the stream busy for `microseconds`.
-Status sleep(int device, int64_t stream, int64_t microseconds);
-
 // Events
 Status event_create(void** event, bool timing);
 Status event_destroy(void* event);
@@ -107,7 +90,8 @@ Status event_query(void* event);  // ok once the stream has passed the record, e
 Status event_synchronize(void* event);
 Status event_elapsed_ms(float* ms, void* start, void* end);
 
-// Profiling: while tracing is on, the driver records every kernel, copy and sleep it runs.
+// Profiling: while tracing is on, the driver records every kernel, copy and sleep (the emulator's
+// test aid, emulator.h) it runs.
 struct Activity {
   enum Kind : int { kernel, memcpy, sleep } kind = kernel;
   std::string name;

@@ -1,4 +1,6 @@
-// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing.
+// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing, and of
+// emulator.h's stream calls (launch, run_blocking, enter/leave_stream, sleep), which a hardware
+// team deletes with this file.
 //
 // Each device has one worker thread, its "hardware". Work launched on a stream (kernels, copies,
 // event records, waits on events, sleeps) joins the stream's queue and returns at once; the worker
@@ -8,7 +10,8 @@
 // another's writes without a wait, and the host sees the device's writes only after a
 // synchronize. Work that must finish before the host goes on (blocking copies, kernels whose
 // outputs the host needs) runs on the calling thread once the stream has drained
-// (enter_stream/leave_stream, run_blocking) — still the stream's next item, so ordering holds.
+// (emulator::enter_stream/leave_stream, run_blocking) — still the stream's next item, so ordering
+// holds.
 //
 // What a hardware team replaces: this whole file, with the SDK's streams, events and launches; the
 // activity records come from its tracing API (CUPTI-like).
@@ -28,6 +31,8 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "driver/emulator.h"
 
 namespace {{ cookiecutter.device }}::driver {
 namespace streams_impl {
@@ -291,7 +296,7 @@ void worker(int device) {
 }
 
 Status enqueue(int device, int64_t stream, Item item) {
-  if (in_bad_fork()) return Status::forked;
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   Status started = init();
   if (started != Status::ok) return started;
@@ -349,7 +354,7 @@ int64_t now_ns() {
 }
 
 Status stream_create(int device, int priority, int64_t* stream) {
-  if (in_bad_fork()) return Status::forked;
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   int least = 0, greatest = 0;
   stream_priority_range(&least, &greatest);
@@ -378,7 +383,7 @@ Status stream_priority_range(int* least, int* greatest) {
 }
 
 Status stream_synchronize(int device, int64_t stream) {
-  if (in_bad_fork()) return Status::forked;
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
@@ -388,7 +393,7 @@ Status stream_synchronize(int device, int64_t stream) {
 }
 
 Status device_synchronize(int device) {
-  if (in_bad_fork()) return Status::forked;
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
@@ -420,70 +425,17 @@ Status stream_wait_event(int device, int64_t stream, void* event) {
   return enqueue(device, stream, std::move(item));
 }
 
-Status launch(int device, int64_t stream, const char* name, std::function<void()> work) {
-  Item item;
-  item.name = name;
-  item.fn = std::move(work);
-  return enqueue(device, stream, std::move(item));
-}
-
-Status enter_stream(int device, int64_t stream) {
-  if (in_bad_fork()) return Status::forked;
-  if (!valid_device(device)) return Status::invalid_device;
-  State& s = state();
-  std::unique_lock<std::mutex> lock(s.mu);
-  Stream* st = find_stream(s, device, stream);
-  if (st->held_by_me()) {
-    ++st->held;
-    return Status::ok;
-  }
-  wait_until_true(s, lock, [&] { return st->idle(); });
-  Status failure = take_failure(s);
-  if (failure != Status::ok) return failure;
-  st->held = 1;
-  st->holder = std::this_thread::get_id();
-  if (s.tracing) st->held_since_ns = now_ns();
-  return Status::ok;
-}
-
-void leave_stream(int device, int64_t stream, const char* name) {
-  if (!valid_device(device)) return;
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  Stream* st = find_stream(s, device, stream);
-  if (!st->held_by_me()) return;
-  if (--st->held > 0) return;
-  if (s.tracing && name != nullptr && st->held_since_ns != 0) {
-    trace(s, Activity::kernel, name, device, stream, st->held_since_ns, now_ns(), correlation_id);
-  }
-  st->held_since_ns = 0;
-  notify(s);
-}
-
-Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work) {
-  Status entered = enter_stream(device, stream);
-  if (entered != Status::ok) return entered;
-  try {
-    work();
-  } catch (...) {
-    leave_stream(device, stream, name);
-    throw;
-  }
-  leave_stream(device, stream, name);
-  return Status::ok;
-}
-
 Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
   if (bytes == 0) return Status::ok;
   if (dst == nullptr || src == nullptr) return Status::invalid_value;
   if (device < 0) get_device(&device);
-  void* d = host_address(dst);
-  const void* h = host_address(src);
+  void* d = emulator::host_address(dst);
+  const void* h = emulator::host_address(src);
   if (kind == CopyKind::host_to_host) {  // no device involved: nothing to order against
     std::memmove(dst, src, bytes);
     return Status::ok;
   }
-  return run_blocking(device, stream, nullptr, [&] {
+  return emulator::run_blocking(device, stream, nullptr, [&] {
     const int64_t start = state().tracing ? now_ns() : 0;
     std::memmove(d != nullptr ? d : dst, h != nullptr ? h : src, bytes);
     if (start != 0) {
@@ -496,8 +448,8 @@ Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int devic
 Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
   if (bytes == 0) return Status::ok;
   if (dst == nullptr || src == nullptr) return Status::invalid_value;
-  void* d = host_address(dst);
-  const void* h = host_address(src);
+  void* d = emulator::host_address(dst);
+  const void* h = emulator::host_address(src);
   char* to = static_cast<char*>(d != nullptr ? d : dst);
   const char* from = static_cast<const char*>(h != nullptr ? h : src);
   Item item;
@@ -506,15 +458,6 @@ Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int
                                                    : "memcpy device to device";
   item.activity = Activity::memcpy;
   item.fn = [to, from, bytes] { std::memmove(to, from, bytes); };
-  return enqueue(device, stream, std::move(item));
-}
-
-Status sleep(int device, int64_t stream, int64_t microseconds) {
-  Item item;
-  item.kind = Item::sleep;
-  item.activity = Activity::sleep;
-  item.name = "sleep";
-  item.us = std::max<int64_t>(microseconds, 0);
   return enqueue(device, stream, std::move(item));
 }
 
@@ -533,7 +476,7 @@ Status event_destroy(void* event) {
 }
 
 Status event_record(void* event, int device, int64_t stream) {
-  if (in_bad_fork()) return Status::forked;
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   auto rec = std::make_shared<Record>();
   {
@@ -590,3 +533,72 @@ std::vector<Activity> take_activities() {
 void set_correlation(uint64_t id) { correlation_id = id; }
 
 }  // namespace {{ cookiecutter.device }}::driver
+
+// emulator.h: queuing host code on a stream, running it in stream order, the sleep test aid
+namespace {{ cookiecutter.device }}::emulator {
+
+using namespace driver::streams_impl;
+
+Status launch(int device, int64_t stream, const char* name, std::function<void()> work) {
+  Item item;
+  item.name = name;
+  item.fn = std::move(work);
+  return enqueue(device, stream, std::move(item));
+}
+
+Status enter_stream(int device, int64_t stream) {
+  if (in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (st->held_by_me()) {
+    ++st->held;
+    return Status::ok;
+  }
+  wait_until_true(s, lock, [&] { return st->idle(); });
+  Status failure = take_failure(s);
+  if (failure != Status::ok) return failure;
+  st->held = 1;
+  st->holder = std::this_thread::get_id();
+  if (s.tracing) st->held_since_ns = driver::now_ns();
+  return Status::ok;
+}
+
+void leave_stream(int device, int64_t stream, const char* name) {
+  if (!valid_device(device)) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  if (!st->held_by_me()) return;
+  if (--st->held > 0) return;
+  if (s.tracing && name != nullptr && st->held_since_ns != 0) {
+    trace(s, driver::Activity::kernel, name, device, stream, st->held_since_ns, driver::now_ns(), correlation_id);
+  }
+  st->held_since_ns = 0;
+  notify(s);
+}
+
+Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work) {
+  Status entered = enter_stream(device, stream);
+  if (entered != Status::ok) return entered;
+  try {
+    work();
+  } catch (...) {
+    leave_stream(device, stream, name);
+    throw;
+  }
+  leave_stream(device, stream, name);
+  return Status::ok;
+}
+
+Status sleep(int device, int64_t stream, int64_t microseconds) {
+  Item item;
+  item.kind = Item::sleep;
+  item.activity = driver::Activity::sleep;
+  item.name = "sleep";
+  item.us = std::max<int64_t>(microseconds, 0);
+  return enqueue(device, stream, std::move(item));
+}
+
+}  // namespace {{ cookiecutter.device }}::emulator

@@ -5,7 +5,9 @@
 // backend is registered by static initialisers when this library loads; functions that take
 // tensors are custom operators (torch.ops.{{ cookiecutter.package }}.*, see aten/serialization.cpp),
 // which need no Python binding at all. What a hardware team replaces: nothing, unless it exposes
-// more of its SDK to Python (add a function and a line in kMethods).
+// more of its SDK to Python (add a function and a line in kMethods). Two test aids call the
+// emulator (driver/emulator.h): sleep becomes a spin kernel on the SDK, set_memory_limit the SDK's
+// own limit (or goes).
 #include <Python.h>
 #include <ATen/Context.h>
 #include <torch/csrc/Event.h>
@@ -15,6 +17,7 @@
 #include <exception>
 
 #include "aten/fallback.h"
+#include "driver/emulator.h"
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
@@ -107,7 +110,7 @@ PyObject* sleep(PyObject*, PyObject* arg) {
   if (us == -1 && PyErr_Occurred()) return nullptr;
   return guarded([&] {
     const c10::DeviceIndex index = dev::runtime::current_device();
-    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::sleep(index, dev::runtime::current_stream_id(index), us));
+    {{ cookiecutter.DEVICE }}_CHECK(dev::emulator::sleep(index, dev::runtime::current_stream_id(index), us));
     Py_RETURN_NONE;
   });
 }
@@ -180,7 +183,7 @@ PyObject* set_memory_limit(PyObject*, PyObject* args) {
   c10::DeviceIndex index;
   if (!device_arg(device, &index)) return nullptr;
   return guarded([&] {
-    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::set_mem_limit(index, static_cast<size_t>(bytes)));
+    {{ cookiecutter.DEVICE }}_CHECK(dev::emulator::set_mem_limit(index, static_cast<size_t>(bytes)));
     Py_RETURN_NONE;
   });
 }
