@@ -86,10 +86,8 @@ class AutogradOverrides:
         rec = next((r for r in project.autograd_overrides
                     if r.op.removeprefix("aten::") in (bare, f"{bare}.default")
                     or r.op.removeprefix("aten::").split(".")[0] == bare), None)
-        if rec is None:
-            have = ", ".join(r.op for r in project.autograd_overrides) or "none"
-            raise ProjectError(f"{name[:80]!r} has no autograd override in this project (overridden: {have})")
-        return [Removal(self, rec.source, rec.files, [rec], edited=kind.edited(project, rec.source, rec.source_sha256))]
+        return kind.whole_record_removal(self, project, rec, have="overridden",
+                                         missing=f"{name[:80]!r} has no autograd override in this project")
 
     def unrecord(self, project: Project, rec: OverrideRecord) -> None:
         project.drop(self.section, rec.op)

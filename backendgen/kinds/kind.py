@@ -156,3 +156,13 @@ def keyed(probed: dict | None) -> dict[str, dict[str, bool]] | None:
     there; None when the library did not load."""
     load = (probed or {}).get("load") or {}
     return load.get("keyed", {}) if load.get("ok") else None
+
+
+def whole_record_removal(kind: OperatorKind, project: Project, rec: Any, *, missing: str, have: str) -> list[Removal]:
+    """remove-op of a record whose files are all its own (`rec.files`, led by `rec.source`); `rec` None:
+    ProjectError "`missing` (`have`: what the kind has)"."""
+    from backendgen.plumbing.errors import ProjectError
+
+    if rec is None:
+        raise ProjectError(f"{missing} ({have}: {', '.join(r.op for r in kind.records(project)) or 'none'})")
+    return [Removal(kind, rec.source, rec.files, [rec], edited=edited(project, rec.source, rec.source_sha256))]

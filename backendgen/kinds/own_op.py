@@ -106,10 +106,8 @@ class OwnOperators:
     def removals(self, name: str, project: Project, request: Request) -> list[Removal]:
         qualified = name.strip()
         rec = next((r for r in project.custom_ops if r.op == qualified), None)
-        if rec is None:
-            have = ", ".join(r.op for r in project.custom_ops) or "none"
-            raise ProjectError(f"{qualified[:80]!r} is not an operator of this backend (defined: {have})")
-        return [Removal(self, rec.source, rec.files, [rec], edited=kind.edited(project, rec.source, rec.source_sha256))]
+        return kind.whole_record_removal(self, project, rec, have="defined",
+                                         missing=f"{qualified[:80]!r} is not an operator of this backend")
 
     def unrecord(self, project: Project, rec: OwnOpRecord) -> None:
         project.drop(self.section, rec.op)

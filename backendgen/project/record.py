@@ -20,7 +20,7 @@ import keyword
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from backendgen.plumbing.errors import InvalidNameError, ProjectError
 
@@ -310,13 +310,16 @@ def built_entries(data: dict) -> list[str]:
 # back in the order its keys had (a new key after them), keeping the keys it does not know.
 
 
+@dataclass(kw_only=True)
 class _Typed:
     """A record read by field: the keys it does not know (`extra`) and its keys' order (`_keys`) are
     kept, so a file written back differs only where a field changed. A field set to None is left
     out, unless it may hold null (`_NULLABLE`) and the file had it (or the record is new)."""
 
-    _NULLABLE: frozenset[str] = frozenset()
-    _RENAMED: dict[str, str] = {}  # field -> its key in the file ("from" is a Python keyword)
+    _NULLABLE: ClassVar[frozenset[str]] = frozenset()
+    _RENAMED: ClassVar[dict[str, str]] = {}  # field -> its key in the file ("from" is a Python keyword)
+    extra: dict[str, Any] = field(default_factory=dict)  # the keys this backendgen does not know
+    _keys: list[str] = field(default_factory=list, repr=False, compare=False)  # the file's key order
 
     @classmethod
     def _key(cls, name: str) -> str:
@@ -396,8 +399,6 @@ class OwnOpRecord(_Typed):
     python: str | None = None
     test: str | None = None
     source_sha256: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def files(self) -> list[str]:
@@ -413,8 +414,6 @@ class OverrideRecord(_Typed):
     source: str
     test: str | None = None
     source_sha256: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def files(self) -> list[str]:
@@ -424,22 +423,18 @@ class OverrideRecord(_Typed):
 @dataclass(kw_only=True)
 class TorchTarget(_Typed):
     """The torch a project is made for."""
-    _NULLABLE = frozenset({"native_functions_sha256"})
+    _NULLABLE: ClassVar[frozenset[str]] = frozenset({"native_functions_sha256"})
     version: str
     native_functions_sha256: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass(kw_only=True)
 class UpdateState(_Typed):
     """An update left conflicts to resolve: from which template to which, and the files."""
-    _RENAMED = {"from_": "from"}
+    _RENAMED: ClassVar[dict[str, str]] = {"from_": "from"}
     from_: int | str
     to: int | str
     conflicts: list[str]
-    extra: dict[str, Any] = field(default_factory=dict)
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
 
 @dataclass(kw_only=True)
@@ -460,11 +455,9 @@ class Record(_Typed):
     custom_ops: list[OwnOpRecord] | None = None
     autograd_overrides: list[OverrideRecord] | None = None
     update: UpdateState | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    _keys: list[str] = field(default_factory=list, repr=False, compare=False)
 
-    _TYPES = {"torch": TorchTarget, "update": UpdateState}
-    _LISTS = {"ops": OpRecord, "custom_ops": OwnOpRecord, "autograd_overrides": OverrideRecord}
+    _TYPES: ClassVar[dict] = {"torch": TorchTarget, "update": UpdateState}
+    _LISTS: ClassVar[dict] = {"custom_ops": OwnOpRecord, "autograd_overrides": OverrideRecord}
 
     @classmethod
     def _typed(cls, name: str, value):
