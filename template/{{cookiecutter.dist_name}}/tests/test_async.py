@@ -135,7 +135,7 @@ def test_without_record_stream_the_memory_is_reused_while_another_stream_reads_i
     assert torch.equal(_free_while_another_stream_reads(mod, record=False), torch.full((N,), -1.0))
 
 
-# ---- kernels are queued too: the same bugs, with kernels only (no _sleep, no copies) ----------
+# ---- kernels are queued too: the same bugs, with kernels instead of copies -------------------------
 
 BIG = 1 << 22
 
@@ -175,17 +175,20 @@ def _kernel_reads_a_freed_input(mod, record: bool) -> torch.Tensor:
     the current stream. Returns what the kernel computed."""
     side = torch.Stream(device=DEVICE)
     x = torch.ones(N, device=DEVICE)
+    after = torch.empty(N, device=DEVICE)  # x's block cannot merge with free space after it
     side.wait_stream(torch.accelerator.current_stream())
     with mod.stream(side):
-        busy = _keep_busy()
-        y = x * 3  # reads x when it runs, after the busy kernels
+        # The device is busy on side and runs the current stream's work meanwhile (its one worker
+        # would otherwise run side's queued kernels in one go, before the current stream's fill).
+        mod._sleep(BUSY_US)
+        y = x * 3  # a kernel: the host returns at once, and it reads x when it runs
     if record:
         x.record_stream(side)
     del x
     reused = torch.empty(N, device=DEVICE)  # x's block if nothing keeps it
     reused.fill_(-1.0)
     side.synchronize()
-    del busy
+    del after
     return y.cpu()
 
 
