@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from backendgen import api, build
+from torch_venvs import TorchVenvs, versions_needed
 
 # The session installs a generated backend (editable) into this environment. This process started
 # before that install, so its import system cannot find the package that torch's autoload entry
@@ -49,6 +50,16 @@ def read_only(directory: Path):
         yield
     finally:
         subprocess.run(["umount", str(directory)], capture_output=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_venvs(request, tmp_path_factory):
+    """The virtualenvs of the selected tests' `torch_venv` marks (tests/test_torch_matrix.py), made in
+    the background from the session's start, so that their installs overlap the builds
+    (tests/torch_venvs.py); nothing when no selected test is marked."""
+    venvs = TorchVenvs(tmp_path_factory.mktemp("torch-venvs"), versions_needed(request.session.items))
+    yield venvs
+    venvs.close()
 
 
 @pytest.fixture(scope="session")
