@@ -16,6 +16,7 @@ import pytest
 
 from backendgen import api
 from backendgen.toolchain import build
+from torch_venvs import TorchVenvs, versions_needed
 
 # The session installs a generated backend (editable) into this environment. This process started
 # before that install, so its import system cannot find the package that torch's autoload entry
@@ -52,6 +53,16 @@ def read_only(directory: Path):
         subprocess.run(["umount", str(directory)], capture_output=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_venvs(request, tmp_path_factory):
+    """The virtualenvs of the selected tests' `torch_venv` marks (tests/test_torch_matrix.py), made in
+    the background from the session's start, so that their installs overlap the builds
+    (tests/torch_venvs.py); nothing when no selected test is marked."""
+    venvs = TorchVenvs(tmp_path_factory.mktemp("torch-venvs"), versions_needed(request.session.items))
+    yield venvs
+    venvs.close()
+
+
 @pytest.fixture(scope="session")
 def rendered_project(tmp_path_factory) -> Path:
     """A freshly generated project, not built. Copy before modifying."""
@@ -83,17 +94,23 @@ def installed(built_project) -> Path:
 
 @pytest.fixture(scope="session")
 def opt_in_run(built_project):
-    """`backendgen test --compile --distributed --models` on the session's backend, run once (each
-    opt-in suite after one run of the quick suite, as a user runs them): (the CLI's completed
-    process, {suite: its log}). The quick suite, the compile, multi-process and model suites take
-    minutes together; tests/test_compile.py, test_distributed.py, test_models.py and test_e2e.py
+    """`backendgen test --opinfo --dtype float32 --dtype int64 --compile --distributed --models` on the
+    session's backend, run once, as a user runs every suite at once: the conformance suite, the quick
+    suite, then each opt-in suite (one run of the quick suite where `test --opinfo` and `test --compile
+    ...` would run it twice): (the CLI's completed process, {suite: its log}, the conformance report,
+    read right after the run). They take minutes together;
+    tests/test_conformance.py, test_compile.py, test_distributed.py, test_models.py and test_e2e.py
     read their parts."""
-    out = run_cli("test", "--compile", "--distributed", "--models", "--project", str(built_project))
+    out = run_cli("test", *CONFORMANCE_ARGS, "--compile", "--distributed", "--models", "--project", str(built_project))
     logs = {}
     for name in ("test", "compile", "distributed", "models"):
         log = built_project / "build" / f"backendgen-{name}.log"
         logs[name] = log.read_text() if log.exists() else "(no log)"
-    return out, logs
+    report = built_project / "build" / "backendgen-conformance.json"
+    return out, logs, json.loads(report.read_text()) if report.exists() else None
+
+
+CONFORMANCE_ARGS = ("--opinfo", "--dtype", "float32", "--dtype", "int64")  # float32 and one integer dtype
 
 
 @pytest.fixture

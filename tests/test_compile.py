@@ -20,7 +20,7 @@ def _counts(log: str) -> dict[str, int]:
 
 
 def test_the_generated_backend_passes_its_compile_tests(built_project, opt_in_run):
-    out, logs = opt_in_run
+    out, logs, _ = opt_in_run
     quick = _counts(logs["test"])
     compiled = logs["compile"]
     assert "project tests: passed" in out.stdout and "torch.compile tests: passed" in out.stdout, \

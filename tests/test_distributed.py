@@ -23,7 +23,7 @@ DISTRIBUTED_TESTS = [
 
 
 def test_the_generated_backend_passes_its_distributed_tests(opt_in_run):
-    out, logs = opt_in_run
+    out, logs, _ = opt_in_run
     text = logs["distributed"]
     assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout + out.stderr + text[-6000:]
     # all four ran (none skipped or deselected) and passed

@@ -39,8 +39,8 @@ COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
 _MUTATES = "changes the session's project or reinstalls the backend other tests use"
 SKIP = {
     "backendgen test":
-        "runs the quick suite (build.run_tests), as the session's `new` does and `backendgen test --compile "
-        "--distributed --models` does first (conftest.py's opt_in_run)",
+        "runs the quick suite (build.run_tests), as the session's `new` does and `backendgen test --opinfo ... "
+        "--compile --distributed --models` does (conftest.py's opt_in_run)",
     "backendgen build --test":
         "a build (run in the copy below) then the quick suite: tests/test_torch_matrix.py::test_upgrade_2_13_0_to_2_14_1 "
         "runs it as documented, and tests/test_wheel.py runs `build --wheel --test`",

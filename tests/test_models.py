@@ -14,7 +14,7 @@ from conftest import run_cli
 
 
 def test_the_generated_backend_passes_its_model_suite(built_project, opt_in_run):
-    out, logs = opt_in_run
+    out, logs, _ = opt_in_run
     text = logs["models"]
     assert "model suite: passed" in out.stdout, out.stdout + out.stderr + text[-6000:]
     summary = text.strip().splitlines()[-1]

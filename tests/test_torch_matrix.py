@@ -10,113 +10,35 @@ a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or cha
 under 2.14.1, fixed with the steps of docs/upgrading.md.
 
 Slow: every session installs every torch in new virtualenvs (the CUDA builds are ~5 GB each; see README,
-"Supported torch versions"). Each virtualenv is made once per session and deleted at its end.
+"Supported torch versions"). Each virtualenv is made once per session, in the background from the
+session's start (tests/torch_venvs.py: the tests are marked torch_venv), and deleted at its end.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from backendgen.torchdb import support
 from conftest import unique_device
+from torch_venvs import Venv, log
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 ADD_OPS = ["aten::abs.out", "topk", "index.Tensor", "cat"]  # plain, and structured with a list argument
-TIMINGS: dict[str, float] = {}
+# One device name for the session's projects here: each torch's venv builds a project of it (its backend
+# uninstalled after each test), so the upgrade's builds of the same sources with the same torch are ccache's.
+DEVICE = unique_device("mx")
 
 
-def _log(msg: str) -> None:
-    print(f"[matrix] {msg}", file=sys.stderr, flush=True)
-
-
-@pytest.fixture(scope="session")
-def repo_wheel(tmp_path_factory) -> Path:
-    """This repo as a wheel, as `pip install <repo>` builds it (the template included)."""
-    out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (wheel,) = out.glob("backendgen-*.whl")
-    return wheel
-
-
-class Venv:
-    def __init__(self, path: Path, torch_version: str):
-        self.path = path
-        self.torch_version = torch_version
-        self.bin = path / "bin"
-        self.python = str(self.bin / "python")
-        self.backends: set[str] = set()  # dist names installed into it by a test (uninstalled after it)
-
-    def env(self) -> dict[str, str]:
-        """The environment of a user who activated this venv: nothing of the outer test run."""
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST",
-                            "TORCH_DEVICE_BACKEND_AUTOLOAD")}
-        outer_bin = str(Path(sys.executable).parent)
-        path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != outer_bin]
-        env["PATH"] = os.pathsep.join([str(self.bin), *path])
-        env["VIRTUAL_ENV"] = str(self.path)
-        # A machine-wide pip constraint can cap torch below a tested release (this repo's CI machine
-        # has had /etc/xdg/pip capping it at 2.14.1): these venvs install exact versions, uncapped.
-        env["PIP_CONSTRAINT"] = os.devnull
-        return env
-
-    def run(self, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-        start = time.monotonic()
-        proc = subprocess.run(list(args), cwd=cwd, env=self.env(), capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
-        _log(f"torch {self.torch_version}: {' '.join(args)} -> {proc.returncode} in {time.monotonic() - start:.0f} s")
-        return proc
-
-    def uninstall_backends(self) -> None:
-        for dist in sorted(self.backends):
-            subprocess.run([self.python, "-m", "pip", "uninstall", "-y", "-q", dist], capture_output=True, env=self.env())
-        self.backends.clear()
-
-
-@pytest.fixture(scope="session")
-def venvs(tmp_path_factory, repo_wheel):
-    """venvs(version): a fresh virtualenv with torch==version and the repo's wheel, made once per
-    session (pip's caches make a second session's install faster; the venv itself is always new)."""
-    made: dict[str, Venv] = {}
-
-    def get(version: str) -> Venv:
-        if version not in made:
-            path = tmp_path_factory.mktemp(f"venv-{version}")
-            start = time.monotonic()
-            subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-            venv = Venv(path, version)
-            # a plain install: what the generated tests need (pytest, numpy, expecttest) comes as
-            # backendgen's own dependencies
-            proc = venv.run(venv.python, "-m", "pip", "install", "-q", f"torch=={version}", str(repo_wheel),
-                            cwd=path, timeout=1800)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-            TIMINGS[f"install torch {version}"] = time.monotonic() - start
-            _log(f"venv with torch {version}: {TIMINGS[f'install torch {version}']:.0f} s, "
-                 f"{_du(path) / 2**30:.1f} GiB")
-            made[version] = venv
-        return made[version]
-
-    yield get
-    for venv in made.values():
-        venv.uninstall_backends()
-        shutil.rmtree(venv.path, ignore_errors=True)  # several GB each
-    _log("timings: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMINGS.items()))
-
-
-def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+@pytest.fixture
+def venvs(torch_venvs):
+    """venvs(version): the session's fresh virtualenv with torch==version and the repo's wheel, made in
+    the background from the session's start (tests/torch_venvs.py; the test is marked torch_venv)."""
+    return torch_venvs.get
 
 
 def _installed_torch(venv: Venv) -> str:
@@ -128,12 +50,12 @@ def _no_traceback(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("version", support.TESTED)
+@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.torch_venv(v)) for v in support.TESTED])
 def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
     venv = venvs(version)
     start = time.monotonic()
     assert _installed_torch(venv).split("+")[0] == version
-    device = unique_device("mx")
+    device = DEVICE
     work = tmp_path / "empty"
     work.mkdir()
     try:
@@ -185,20 +107,21 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
                 compiled.stdout[-4000:] + compiled.stderr[-2000:])
     finally:
         venv.uninstall_backends()  # one PrivateUse1 backend per environment: leave room for the next test
-    TIMINGS[f"matrix torch {version}"] = time.monotonic() - start
+    log(f"matrix torch {version}: {time.monotonic() - start:.0f} s after its venv was ready")
 
 
 # The first release that removed and changed operators after the oldest tested one (docs/upgrading.md).
 UPGRADE = ("2.13.0", "2.14.1")
 
 
+@pytest.mark.torch_venv(*UPGRADE)
 def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
     """docs/upgrading.md, as tested: a project built on torch 2.13.0 with kernels for operators
     2.14.1 removed (cholesky) and changed (_cdist_backward: grad -> grad_output)."""
     assert set(UPGRADE) <= set(support.TESTED)
     old, new = venvs(UPGRADE[0]), venvs(UPGRADE[1])
     start = time.monotonic()
-    device = unique_device("up")
+    device = DEVICE
     work = tmp_path / "empty"
     work.mkdir()
     project = work / f"torch-{device}"
@@ -249,4 +172,4 @@ def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
     finally:
         old.uninstall_backends()
         new.uninstall_backends()
-    TIMINGS["upgrade"] = time.monotonic() - start
+    log(f"upgrade: {time.monotonic() - start:.0f} s after its venvs were ready")
