@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
 from backendgen.torchdb.opdb import Arg, ArgKind, Op
 from backendgen.project.on_disk import PATHS
@@ -379,18 +380,8 @@ def saved_argument(a: Arg, qualified: str) -> tuple[str, str]:
     return f"{slot} = {store.format(n=a.name)};", f"const auto {a.name} = {load.format(v=slot)};"
 
 
-def _camel(name: str) -> str:
-    return "".join(p[:1].upper() + p[1:] for p in name.split("_") if p) + "Function"
-
-
 def function_class(custom: CustomOp) -> str:
-    return _camel(custom.name)
-
-
-def _env():
-    from backendgen.kinds.kernelgen import _env as kernel_env
-
-    return kernel_env()
+    return jinja.camel(custom.name)
 
 
 def _ret_expr(custom: CustomOp, items: list[str]) -> str:
@@ -443,7 +434,7 @@ def render_kernel(custom: CustomOp) -> str:
         ]
         body.ret = f"kernels::device_view({arg}, result)"
     meta_lines, uses_empty_like = _meta_lines(custom)
-    return _env().get_template("custom_kernel.cpp.j2").render(
+    return jinja.environment().get_template("custom_kernel.cpp.j2").render(
         c=custom, device=custom.device, body=body, decl=lambda fn: declaration(custom, fn),
         compute_lines=_compute_lines(custom), meta_lines=meta_lines, meta_uses_empty_like=uses_empty_like,
         returns_value=custom.op.returns_cpp != "void", call_args=", ".join(a.name for a in custom.op.args),
@@ -480,7 +471,7 @@ def render_autograd(custom: CustomOp) -> str:
             load_lines.append(load)
             recompute.append(a.name)
     arg_types = [a.cpp_type for a in op.args]
-    return _env().get_template("custom_autograd.cpp.j2").render(
+    return jinja.environment().get_template("custom_autograd.cpp.j2").render(
         c=custom, cls=function_class(custom), decl=lambda fn: declaration(custom, fn),
         decl_args=lambda fn, first: op.signature.replace(" NAME(", f" {fn}({first}, ", 1).replace(", )", ")"),
         saved=saved, save_data=save_data, load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args),
@@ -491,7 +482,7 @@ def render_autograd(custom: CustomOp) -> str:
 
 def render_wrapper(custom: CustomOp, package: str) -> str:
     params, call = python_params(custom)
-    return _env().get_template("custom_wrapper.py.j2").render(c=custom, device=custom.device, package=package,
+    return jinja.environment().get_template("custom_wrapper.py.j2").render(c=custom, device=custom.device, package=package,
                                                               params=params, call=call)
 
 
@@ -501,7 +492,7 @@ def render_test(custom: CustomOp, package: str) -> str:
     kwargs = "{" + ", ".join(f'"{k.split("=", 1)[0]}": {k.split("=", 1)[1]}' for k in keywords) + "}"
     mutated = [a.name for a in custom.op.args if a.is_write]
     view_of = next((r.arg for r in custom.returns if r.kind == "view"), None)
-    return _env().get_template("test_custom_op.py.j2").render(
+    return jinja.environment().get_template("test_custom_op.py.j2").render(
         c=custom, device=custom.device, package=package, sample_args=args, sample_kwargs=kwargs,
         mutated=mutated, view_of=view_of, mutated_py=repr(mutated), view_of_py=repr(view_of), cls=function_class(custom),
     )

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backendgen.kinds import jinja
 from backendgen.project import manifest
 from backendgen.plumbing.errors import CompositeOpError, UserError
 from backendgen.torchdb.opdb import Arg, ArgKind, Op, OpDB
@@ -558,30 +559,6 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
-def _env(ops_dir: Path | None = None):
-    """The jinja environment of the kernel templates: the installed template's `ops/`, or `ops_dir`
-    (an earlier template's, for backendgen update's base of a kernel file)."""
-    from backendgen.project.render import template_dir
-
-    return _env_for(Path(ops_dir) if ops_dir is not None else template_dir() / "ops")
-
-
-@functools.lru_cache(maxsize=4)
-def _env_for(directory: Path):
-    import jinja2
-
-    from backendgen.project.render import bytecode_cache
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(directory)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        bytecode_cache=bytecode_cache(),
-    )
-
-
 def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
@@ -607,7 +584,7 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         headers.append(f"ATen/ops/{op.root}_meta_dispatch.h")
     if functional is not None and functional.queued:
         headers.append(f"ATen/ops/{plan.functional.root}_meta.h")
-    return _env(ops_dir).get_template("kernel.cpp.j2").render(
+    return jinja.environment(ops_dir).get_template("kernel.cpp.j2").render(
         queued=launch,
         stream_scope=stream_scope_line(op),
         device=device,
@@ -663,7 +640,7 @@ def opinfo_hints(op: Op) -> list[str]:
 
 def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Path | None = None) -> str:
     op = plan.target
-    return _env(ops_dir).get_template("test_op.py.j2").render(
+    return jinja.environment(ops_dir).get_template("test_op.py.j2").render(
         device=device,
         op=op,
         plan=plan,
@@ -675,4 +652,4 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Pat
 
 
 def render_harness(*, device: str, registration_file: str, ops_dir: Path | None = None) -> str:
-    return _env(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)
+    return jinja.environment(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)

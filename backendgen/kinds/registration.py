@@ -11,7 +11,7 @@ hand, which it refuses to touch. A deleted file is simply written again.
 from __future__ import annotations
 
 from backendgen.project import amp
-from backendgen.kinds import customop, overrides
+from backendgen.kinds import customop, jinja, overrides
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_text
 from backendgen.torchdb.opdb import OpDB
@@ -26,8 +26,6 @@ def render(entries: list[dict], *, device: str, fallbacks: list[str] = (), custo
     by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
     backend's own operators (`custom`: customop.CustomOp), autograd overrides (`overrides`:
     overrides.Override) and the autocast table (`amp`: (operator, policy) pairs); then the seal."""
-    from backendgen.kinds.kernelgen import _env
-
     entries = sorted(entries, key=lambda e: e["name"])
     custom = sorted(custom, key=lambda c: c.name)
     custom_view = [
@@ -39,7 +37,7 @@ def render(entries: list[dict], *, device: str, fallbacks: list[str] = (), custo
              for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
     overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
                       for o in sorted(overrides, key=lambda o: o.op.name)]
-    text = _env().get_template("registration.cpp.j2").render(
+    text = jinja.environment().get_template("registration.cpp.j2").render(
         device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
         custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
         mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],

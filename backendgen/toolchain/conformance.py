@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.toolchain import build
+from backendgen.toolchain import build, run
 from backendgen.project import manifest
 from backendgen.plumbing.errors import ProjectError, TestFailure, UserError
 
@@ -73,7 +73,7 @@ def run_suite(root: Path, *, patterns: list[str] | None = None, dtypes: list[str
         cmd.append("--strict")
     if write_expected is not None:
         cmd += ["--write-expected", str(Path(write_expected).absolute())]
-    proc = build._run(cmd, root, log, build._test_env())
+    proc = run.logged(cmd, root, log, run.test_env())
     text = log.read_text(errors="replace")
     if proc.returncode == 2:
         errors = [ln[len("error: "):] for ln in text.splitlines() if ln.startswith("error: ")]
