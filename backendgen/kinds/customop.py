@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
-from backendgen.torchdb.opdb import Arg, ArgKind, Op
+from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
 from backendgen.project.on_disk import PATHS
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
@@ -101,7 +101,7 @@ class CustomOp:
         mutated argument or a new tensor shaped like the first tensor argument."""
         first = first_tensor(self.op)
         return all(r.kind == "mutated" or (r.kind == "new" and first is not None) for r in self.returns) and \
-            all(t == "Tensor" or t.startswith("Tensor(") for t in self.op.returns)
+            all(k in (ReturnKind.TENSOR, ReturnKind.TENSOR_REF) for k in self.op.return_items)
 
     @property
     def notes(self) -> list[str]:
@@ -170,6 +170,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             args.append(Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""),
                                is_out=sa in func.arguments.out))
         returns_cpp = sig.returns_type().cpp_type()
+        items = return_items(func.returns)
         signature = sig.defn(name="NAME")
     rets = []
     by_alias = {str(a.annotation.alias_set[0]) if a.annotation else None: a for a in func.arguments.flat_all if a.annotation}
@@ -185,7 +186,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         base=bare, root=bare, overload="", schema=str(func), kind=func.kind().name, cpp_name="NAME", ops_struct=bare,
         signature=signature, returns_cpp=returns_cpp,
         returns=tuple(str(r.type) + (f"({r.annotation})" if r.annotation else "") for r in func.returns),
-        args=tuple(args), structured=False, structured_delegate=None, dispatch_keys=(), composite_implicit=False,
+        return_items=items, args=tuple(args), structured=False, structured_delegate=None, dispatch_keys=(), composite_implicit=False,
         composite_explicit=False, needs_backend_kernel=True, namespace=device,
     )
     custom = CustomOp(device=device, name=bare, schema=str(func), op=op, returns=tuple(rets),
@@ -385,19 +386,17 @@ def function_class(custom: CustomOp) -> str:
 
 
 def _ret_expr(custom: CustomOp, items: list[str]) -> str:
-    ret = custom.op.returns_cpp
     if len(items) == 1:
         return items[0]
-    if "&" in ret:
+    if ReturnKind.TENSOR_REF in custom.op.return_items:
         return f"::std::forward_as_tuple({', '.join(items)})"
-    return f"{ret}({', '.join(items)})"
+    return f"{custom.op.returns_cpp}({', '.join(items)})"
 
 
 def _compute_lines(custom: CustomOp) -> list[str]:
-    ret = custom.op.returns_cpp
     if custom.body is None:
         return [f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified} is not defined yet: write compute() in {custom.source}");']
-    if ret == "void":
+    if custom.op.return_kind is ReturnKind.NONE:
         return [f"(void)({custom.body});"]
     if all(r.kind == "mutated" for r in custom.returns):
         return [f"(void)({custom.body});", f"return {_ret_expr(custom, [r.arg for r in custom.returns])};"]
@@ -407,7 +406,7 @@ def _compute_lines(custom: CustomOp) -> list[str]:
 def _meta_lines(custom: CustomOp) -> tuple[list[str], bool]:
     call = ", ".join(a.name for a in custom.op.args)
     if custom.body is not None:
-        return ([f"compute({call});"] if custom.op.returns_cpp == "void" else [f"return compute({call});"]), False
+        return ([f"compute({call});"] if custom.op.return_kind is ReturnKind.NONE else [f"return compute({call});"]), False
     if custom.meta_derivable:
         first = first_tensor(custom.op)
         items = [r.arg if r.kind == "mutated" else f"at::empty_like({first.name})" for r in custom.returns]
@@ -437,7 +436,7 @@ def render_kernel(custom: CustomOp) -> str:
     return jinja.environment().get_template("custom_kernel.cpp.j2").render(
         c=custom, device=custom.device, body=body, decl=lambda fn: declaration(custom, fn),
         compute_lines=_compute_lines(custom), meta_lines=meta_lines, meta_uses_empty_like=uses_empty_like,
-        returns_value=custom.op.returns_cpp != "void", call_args=", ".join(a.name for a in custom.op.args),
+        returns_value=custom.op.return_kind is not ReturnKind.NONE, call_args=", ".join(a.name for a in custom.op.args),
         headers=kernelgen.completing_headers(custom.op),
     )
 
