@@ -27,7 +27,7 @@ from backendgen.torchdb.drift import Drift, classify
 from backendgen.plumbing.errors import EnvironmentProblem, NotAProjectError, ProjectError, UserError
 from backendgen.torchdb.opdb import OpDB, load_opdb, torch_info
 from backendgen.plumbing.progress import Reporter
-from backendgen.project.on_disk import COMPILE_TESTS, DISTRIBUTED_TESTS, METADATA_FORMAT, MODEL_TESTS, REGISTRATION_FILE, Project, Transaction
+from backendgen.project.on_disk import METADATA_FORMAT, Project, Transaction
 
 
 # --- new ---------------------------------------------------------------------------------------
@@ -296,7 +296,7 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
                 result.built = True
                 if test_it and policy != "none":
                     with rep.step("test"):
-                        build.run_tests(project.root, [f"{amp.TEST_FILE}::test_policy_takes_effect_under_autocast[{op.name}]"],
+                        build.run_tests(project.root, [f"{project.paths['amp_tests']}::test_policy_takes_effect_under_autocast[{op.name}]"],
                                         name="amp-test")
                     result.tested = True
         except BaseException:
@@ -413,15 +413,15 @@ class OptInSuite:
 
     option: str  # the `backendgen test` option, without dashes
     marker: str  # the pytest marker that selects it
-    path: str  # where it lives in the project
+    paths_key: str  # where it lives in the project: this key of Project.paths
     what: str  # for messages: "torch.compile tests"
     since: int  # the template version that added it
 
 
 OPT_IN_SUITES = (
-    OptInSuite("compile", "compile", COMPILE_TESTS, "torch.compile tests", 6),
-    OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 6),
-    OptInSuite("models", "models", MODEL_TESTS, "model suite", 9),
+    OptInSuite("compile", "compile", "compile_tests", "torch.compile tests", 6),
+    OptInSuite("distributed", "distributed", "distributed_tests", "multi-process tests", 6),
+    OptInSuite("models", "models", "model_tests", "model suite", 9),
 )
 
 
@@ -472,15 +472,15 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
         raise UserError(f"no opt-in test suite {unknown[0]!r}; there are: {', '.join(by_option)}")
     suites = [by_option[name] for name in dict.fromkeys(opt_in)]
     for s in suites:
-        if not (project.root / s.path).exists():
-            raise ProjectError(f"{project.root} has no {s.what} ({s.path}, template {s.since} and later); "
+        if not (project.root / project.paths[s.paths_key]).exists():
+            raise ProjectError(f"{project.root} has no {s.what} ({project.paths[s.paths_key]}, template {s.since} and later); "
                                "docs/upgrading.md says how an older project takes them over")
     result = TestResult(project.root)
     with project.lock():
         if opinfo:  # first: it checks its arguments before anything runs
             with rep.step("conformance"):
                 result.suite = conformance.run_suite(
-                    project.root, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+                    project.root, runner=project.paths["conformance_runner"], patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
                     write_expected=write_expected,
                 )
         with rep.step("test"):
@@ -492,7 +492,7 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
             run = SuiteRun(s)
             with rep.step(s.option):
                 try:
-                    run.log = build.run_tests(project.root, [s.path], name=s.option, marker=s.marker)
+                    run.log = build.run_tests(project.root, [project.paths[s.paths_key]], name=s.option, marker=s.marker)
                 except TestFailure as e:
                     run.failure, run.log = str(e), e.log
             result.opt_in.append(run)
@@ -661,9 +661,10 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
                 project.data["update"] = {"from": old, "to": new, "conflicts": sorted(set(result.conflicts))}
             else:
                 project.data.pop("update", None)
-            plan.write(REGISTRATION_FILE, registration.text(project, db))
-            if REGISTRATION_FILE in plan.writes:
-                result.changes.append(upd.FileChange(REGISTRATION_FILE, upd.Action.REWRITTEN))
+            registration_file = manifest.load().path("registration")  # the current template's: update writes it
+            plan.write(registration_file, registration.text(project, db))
+            if registration_file in plan.writes:
+                result.changes.append(upd.FileChange(registration_file, upd.Action.REWRITTEN))
             plan.write(METADATA_FILE, project.metadata_text())
             if METADATA_FILE in plan.writes:
                 result.changes.append(upd.FileChange(METADATA_FILE, upd.Action.REWRITTEN))

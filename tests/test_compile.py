@@ -8,8 +8,11 @@ import re
 import shutil
 
 from backendgen.commands.check import check_project
-from backendgen.project.on_disk import COMPILE_TESTS, Project
+from backendgen.project.on_disk import Project
 from conftest import patch_integration_point, run_cli
+from backendgen.project import manifest
+
+COMPILE_TESTS = manifest.load().path("compile_tests")  # where the current template puts it
 
 COMMON = "_inductor/codegen/common.py"
 

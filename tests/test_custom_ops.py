@@ -14,8 +14,10 @@ import pytest
 from backendgen import api
 from backendgen.kinds import customop
 from backendgen.plumbing.errors import ProjectError, UserError
-from backendgen.project.on_disk import REGISTRATION_FILE
 from conftest import run_cli
+from backendgen.project import manifest
+
+REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 
 
 @pytest.fixture

@@ -21,8 +21,10 @@ from backendgen.project import history, manifest, naming, render, template_tree
 from backendgen.kinds import registration
 from backendgen.commands import update
 from backendgen.torchdb.opdb import load_opdb
-from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
+from backendgen.project.on_disk import Project, Transaction
 from conftest import run_cli, unique_device
+
+REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 
 REPO = Path(__file__).resolve().parent.parent
 CURRENT = history.current_version()
@@ -339,10 +341,10 @@ def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_
     context = update.answers(project, CURRENT, project.data["backendgen_version"])
     old_files = update.rendered_files(state, context)
     current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
-    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.TOOL_OWNED)
+    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.tool_owned())
     assert changed, f"{state.describe()} renders like the installed template"
     for rel, data in old_files.items():  # the project as that state generated it
-        if rel not in update.TOOL_OWNED:
+        if rel not in update.tool_owned():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_bytes(data)
     readme = root / "README.md"

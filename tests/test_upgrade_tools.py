@@ -11,8 +11,11 @@ import pytest
 from backendgen import api
 from backendgen.kinds import registration
 from backendgen.plumbing.errors import ProjectError
-from backendgen.project.on_disk import REGISTRATION_FILE, Project
+from backendgen.project.on_disk import Project
 from conftest import run_cli
+from backendgen.project import manifest
+
+REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 
 
 @pytest.fixture

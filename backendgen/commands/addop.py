@@ -30,7 +30,7 @@ from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_of, writes
 from backendgen.torchdb.opdb import Op, OpDB, load_opdb
 from backendgen.plumbing.progress import Reporter
-from backendgen.project.on_disk import PATHS, REGISTRATION_FILE, OpRecord, Project, Transaction
+from backendgen.project.on_disk import OpRecord, Project, Transaction
 
 
 # --- gating and transactions -----------------------------------------------------------------------
@@ -68,14 +68,15 @@ def edit_transaction(project: Project) -> Transaction:
 
 def template_record(db: OpDB, op: Op) -> OpRecord:
     """The record of an operator the template registers itself (manifest.builtin_ops)."""
-    return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source=PATHS["template_kernels"],
+    return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature, source=manifest.load().path("template_kernels"),
                     origin="template", overloads=[o.qualified for o in db.overloads(op.base)])
 
 
 def kernel_paths(plan: kernelgen.KernelPlan) -> tuple[str, str]:
-    """Where add-op writes the kernel file and the test of `plan`."""
-    stem = plan.file_stem
-    return f"{PATHS['kernels']}/{stem}.cpp", f"{PATHS['kernel_tests']}/test_{stem}.py"
+    """Where add-op writes the kernel file and the test of `plan` (the installed manifest's paths: every
+    template puts kernels where the current one does)."""
+    stem, paths = plan.file_stem, manifest.load().paths
+    return f"{paths['kernels']}/{stem}.cpp", f"{paths['kernel_tests']}/test_{stem}.py"
 
 
 def kernel_records(project: Project, db: OpDB, plan: kernelgen.KernelPlan, *, source_sha256: str) -> list[OpRecord]:
@@ -317,8 +318,9 @@ def _write_override(project: Project, ov: overrides.Override, db: OpDB, tx: Tran
 
 
 def _write_test_support(project: Project, tx: Transaction) -> None:
-    harness = kernelgen.render_harness(device=project.device, registration_file=REGISTRATION_FILE)
-    for rel, text in ((f"{PATHS['kernel_tests']}/__init__.py", ""), (PATHS["kernel_harness"], harness)):
+    harness = kernelgen.render_harness(device=project.device, registration_file=project.registration_file)
+    paths = project.paths
+    for rel, text in ((f"{paths['kernel_tests']}/__init__.py", ""), (paths["kernel_harness"], harness)):
         if not (project.root / rel).exists():
             tx.write(project.root / rel, text)
 
@@ -377,7 +379,7 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
             for qualified, files in extras.files(project.package):
                 result.files += [project.root / f for f in files]
                 result.added.append(qualified)
-            result.files.append(project.root / REGISTRATION_FILE)
+            result.files.append(project.root / project.registration_file)
             return result
         tx = edit_transaction(project)
         try:

@@ -22,11 +22,16 @@ from dataclasses import dataclass
 from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
 from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
-from backendgen.project.on_disk import PATHS
+from backendgen.project import manifest
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-SOURCE_DIR = PATHS["custom_ops"]
-AUTOGRAD_DIR = PATHS["autograd"]
+
+
+def kind_path(key: str) -> str:
+    """Where the operator kinds' files live ("custom_ops", "autograd", "kernel_tests"): the installed
+    template's manifest, read when a file is named (every template with own operators and overrides,
+    7 on, puts them where the current one does)."""
+    return manifest.load().path(key)
 
 
 def is_custom_name(name: str, device: str) -> bool:
@@ -60,18 +65,18 @@ class CustomOp:
 
     @property
     def source(self) -> str:
-        return f"{SOURCE_DIR}/{self.name}.cpp"
+        return f"{kind_path('custom_ops')}/{self.name}.cpp"
 
     @property
     def autograd_source(self) -> str | None:
-        return f"{AUTOGRAD_DIR}/{self.device}_{self.name}.cpp" if self.autograd else None
+        return f"{kind_path('autograd')}/{self.device}_{self.name}.cpp" if self.autograd else None
 
     def python_module(self, package: str) -> str:
         return f"{package}/ops/{self.name}.py"
 
     @property
     def test(self) -> str:
-        return f"{PATHS['kernel_tests']}/test_{self.device}_{self.name}.py"
+        return f"{kind_path('kernel_tests')}/test_{self.device}_{self.name}.py"
 
     def files(self, package: str) -> list[str]:
         """Every file add-op writes for it."""

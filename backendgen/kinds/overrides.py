@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backendgen.kinds import jinja
-from backendgen.kinds.customop import AUTOGRAD_DIR, saved_argument
+from backendgen.kinds.customop import kind_path, saved_argument
 from backendgen.plumbing.errors import UserError
 from backendgen.torchdb.opdb import ArgKind, Op
-from backendgen.project.on_disk import PATHS
 
 
 NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
@@ -35,11 +34,11 @@ class Override:
 
     @property
     def source(self) -> str:
-        return f"{AUTOGRAD_DIR}/{self.stem}.cpp"
+        return f"{kind_path('autograd')}/{self.stem}.cpp"
 
     @property
     def test(self) -> str:
-        return f"{PATHS['kernel_tests']}/test_autograd_{self.stem}.py"
+        return f"{kind_path('kernel_tests')}/test_autograd_{self.stem}.py"
 
     @property
     def files(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""The generated registration file, `csrc/aten/ops/generated/registration.cpp` (project.REGISTRATION_FILE).
+"""The generated registration file, `csrc/aten/ops/generated/registration.cpp` (Project.registration_file).
 
 It holds the `m.impl` of every kernel add-op wrote, the CPU fallback registered by name for the
 operators that need it, the backend's own operators (`m.def` and their kernels), the autograd
@@ -15,7 +15,7 @@ from backendgen.kinds import customop, jinja, overrides
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_text
 from backendgen.torchdb.opdb import OpDB
-from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
+from backendgen.project.on_disk import Project, Transaction
 
 _SEAL = "// backendgen sha256: "
 
@@ -106,17 +106,17 @@ def recorded_overrides(project: Project, db: OpDB) -> list[overrides.Override]:
 
 def needs_rewrite(project: Project, db: OpDB) -> bool:
     """Whether the file must be (re)written; refuses to touch one edited by hand."""
-    path = project.root / REGISTRATION_FILE
+    path = project.root / project.registration_file
     if not path.exists():
         return True
     current = path.read_text(errors="replace")
     if not is_pristine(current):
         raise ProjectError(
-            f"{REGISTRATION_FILE} was edited by hand and backendgen rewrites it; move your own registrations "
+            f"{project.registration_file} was edited by hand and backendgen rewrites it; move your own registrations "
             "to a file of yours, then delete it and run the command again"
         )
     return current != text(project, db)
 
 
 def write(project: Project, db: OpDB, tx: Transaction) -> None:
-    tx.write(project.root / REGISTRATION_FILE, text(project, db))
+    tx.write(project.root / project.registration_file, text(project, db))

@@ -19,7 +19,6 @@ POLICIES = {
     "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",
     "none": "not in the table: the operator runs in the dtypes it is given",
 }
-TEST_FILE = manifest.load().path("amp_tests")
 
 
 def check_supported(template_version: int) -> None:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.project import manifest
+from backendgen.project import history, manifest
 from backendgen.project import record as metadata
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
@@ -23,12 +23,6 @@ from backendgen.plumbing.files import write_atomic
 METADATA_FILE = "backendgen.json"
 METADATA_FORMAT = metadata.FORMAT
 LOCK_FILE = ".backendgen.lock"
-# where things live in a project: the template's manifest says (template/template.json "paths")
-PATHS = manifest.load().paths
-REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, generated
-COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
-DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
-MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU (opt-in: pytest -m models)
 
 
 @dataclass
@@ -73,8 +67,15 @@ class Project:
 
     @property
     def paths(self) -> dict[str, str]:
-        """Where things live in this project (the manifest's "paths")."""
-        return PATHS
+        """Where things live in this project: the "paths" of its own template version's manifest
+        (backendgen.project.history.paths_of), e.g. "registration" (every add-op kernel's m.impl,
+        generated), "compile_tests", "distributed_tests", "model_tests" (the opt-in suites)."""
+        return history.paths_of(self.template_version)
+
+    @property
+    def registration_file(self) -> str:
+        """The generated registration file, relative to the root (backendgen.kinds.registration)."""
+        return self.paths["registration"]
 
     @property
     def features(self) -> frozenset[str]:
