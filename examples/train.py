@@ -16,7 +16,6 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _common import backend_device, fail, parser
 
 

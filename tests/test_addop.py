@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
 from backendgen.toolchain import build
-from conftest import run_cli
 
 FUSED_CELLS = ["aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
                "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"]

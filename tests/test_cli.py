@@ -5,9 +5,9 @@ import shutil
 import sys
 
 import pytest
+from conftest import read_only, run_cli, unique_device
 
 from backendgen import __version__
-from conftest import read_only, run_cli, unique_device
 
 
 def test_help_does_not_import_torch():

@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
 from backendgen.kinds import customop
 from backendgen.plumbing.errors import ProjectError, UserError
-from conftest import run_cli
 from backendgen.project import manifest
 
 REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it

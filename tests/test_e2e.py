@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
-from backendgen.toolchain import build
 from backendgen.plumbing.errors import BuildError
-from conftest import run_cli
+from backendgen.toolchain import build
 
 # The operators issue #3 asks CI to add: structured, out=, in-place, multi-output, Tensor?[],
 # ITensorListRef, SymInt, Scalar and optional arguments, bool[3].

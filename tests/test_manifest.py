@@ -11,14 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import patch_integration_point
 
 from backendgen.commands import check
-from backendgen.project import contract, manifest
-from backendgen.torchdb import support
 from backendgen.commands.check import check_project
-from backendgen.torchdb.opdb import load_opdb
+from backendgen.project import contract, manifest
 from backendgen.project.on_disk import Project
-from conftest import patch_integration_point
+from backendgen.torchdb import support
+from backendgen.torchdb.opdb import load_opdb
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def test_the_generated_readme_lists_every_integration_point(rendered_project):
     m = manifest.load()
     assert len(rows) == len(m.integration_points)
     package = json.loads((rendered_project / "backendgen.json").read_text())["package"]
-    for row, point in zip(rows, m.integration_points):
+    for row, point in zip(rows, m.integration_points, strict=True):
         first = point.paths[0].replace("{package}", package)
         assert row.startswith(f"| `{first}`") and "{" not in row, row
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from conftest import run_cli
+
 from backendgen.project import manifest
 
 MODEL_TESTS = manifest.load().path("model_tests")  # where the current template puts it

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import unique_device
 
 from backendgen.torchdb import support
-from conftest import unique_device
 
 pytestmark = pytest.mark.slow
 

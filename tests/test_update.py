@@ -7,22 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, unique_device
 
 from backendgen import api
-from backendgen.project import history, manifest, naming, render, template_tree
-from backendgen.kinds import registration
 from backendgen.commands import update
-from backendgen.torchdb.opdb import load_opdb
+from backendgen.kinds import registration
+from backendgen.project import history, manifest, naming, render, template_tree
 from backendgen.project.on_disk import Project, Transaction
-from conftest import run_cli, unique_device
+from backendgen.torchdb.opdb import load_opdb
 
 REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backendgen.toolchain import build
-from backendgen.project import record as metadata
 from backendgen.plumbing.errors import ProjectError
+from backendgen.project import record as metadata
 from backendgen.project.on_disk import Project
+from backendgen.toolchain import build
 
 # files a build of any generated project runs
 BUILD_FILES = ("setup.py", "pyproject.toml")

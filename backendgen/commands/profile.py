@@ -27,8 +27,9 @@ from pathlib import Path
 from backendgen.kinds import kernelgen
 from backendgen.plumbing.environment import subprocess_env
 from backendgen.plumbing.errors import UserError
-from backendgen.torchdb.opdb import OpDB
 from backendgen.project.on_disk import Project
+from backendgen.torchdb.opdb import OpDB
+
 
 @dataclass
 class OpTime:

@@ -38,16 +38,17 @@ from pathlib import Path
 
 from backendgen import __version__
 from backendgen.commands import addop
-from backendgen.project import contract, history, manifest, naming, template_tree
 from backendgen.kinds import kernelgen
-from backendgen.torchdb.drift import Drift, argument_names, classify
 from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
+from backendgen.plumbing.textenum import TextEnum
+from backendgen.project import contract, history, manifest, naming, template_tree
 from backendgen.project.history import current_version, template_of
 from backendgen.project.merge import has_markers, merge3
-from backendgen.torchdb.opdb import OpDB
 from backendgen.project.on_disk import METADATA_FILE, OpRecord, Project
-from backendgen.plumbing.textenum import TextEnum
+from backendgen.torchdb.drift import Drift, argument_names, classify
+from backendgen.torchdb.opdb import OpDB
+
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
 # kernel (sealed with its own hash; add-op refuses a hand-edited one) and the metadata file. The

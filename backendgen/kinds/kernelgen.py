@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen.kinds import jinja
-from backendgen.project import manifest
 from backendgen.plumbing.errors import CompositeOpError, UserError
+from backendgen.project import manifest
 from backendgen.torchdb.opdb import Arg, ArgKind, Op, OpDB, ReturnKind
 
 K = "kernels"  # the namespace of csrc/aten/kernel_support.h inside the device namespace

@@ -110,7 +110,7 @@ def render(ov: Override, *, torch_version: str) -> str:
 
 
 def render_test(ov: Override) -> str:
-    from backendgen.kinds import customop, kernelgen
+    from backendgen.kinds import kernelgen
 
     return jinja.environment().get_template("test_autograd_override.py.j2").render(
         op=ov.op, device=ov.device, cls=ov.cls, source=ov.source, hints=kernelgen.opinfo_hints(ov.op),

@@ -8,8 +8,8 @@ template has the manifest's feature `amp_table` have it; older ones keep their l
 
 from __future__ import annotations
 
-from backendgen.project import manifest
 from backendgen.plumbing.errors import ProjectError, UserError
+from backendgen.project import manifest
 
 # PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
 POLICIES = {

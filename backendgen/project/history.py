@@ -37,8 +37,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from backendgen.project import manifest, template_tree
 from backendgen.plumbing.errors import UserError
+from backendgen.project import manifest, template_tree
 
 HISTORY_DIR = Path(__file__).resolve().parent.parent / "template_history"
 STORE = HISTORY_DIR / "states.tar.xz"
@@ -65,7 +65,7 @@ def current_version() -> int:
     return manifest.load().template_version
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def paths_of(version: int) -> dict[str, str]:
     """Where things live in a project of template `version`: the "paths" of that version's manifest
     (its last stored state's template.json; the installed one for the current version). A key an older
@@ -85,7 +85,7 @@ def paths_of(version: int) -> dict[str, str]:
     return {**current.paths, **old}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def current_state() -> str:
     """The state hash of the installed template (the same for an editable and a wheel install)."""
     return template_tree.state_hash(manifest.template_dir())
@@ -201,7 +201,7 @@ def git_states(repo: Path, current: int) -> list[dict]:
     head = _git(repo, "rev-parse", "HEAD:template").decode().strip()
     first: dict[str, str] = {}
     last: dict[str, int] = {}
-    for i, (commit, tree) in enumerate(zip(commits, trees)):
+    for i, (commit, tree) in enumerate(zip(commits, trees, strict=True)):
         first.setdefault(tree, commit)
         last[tree] = i
     found = []

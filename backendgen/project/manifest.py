@@ -168,7 +168,7 @@ def read(template: Path) -> dict:
     return json.loads((template / MANIFEST_FILE).read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(template: Path) -> Manifest:
     path = template / MANIFEST_FILE
     try:

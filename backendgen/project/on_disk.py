@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.project import history, manifest
-from backendgen.project import record as metadata
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
+from backendgen.project import history, manifest
+from backendgen.project import record as metadata
 
 METADATA_FILE = "backendgen.json"
 METADATA_FORMAT = metadata.FORMAT

@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.toolchain import build, run
-from backendgen.project import manifest
 from backendgen.plumbing.errors import ProjectError, TestFailure, UserError
+from backendgen.project import manifest
+from backendgen.toolchain import build, processes
 
 
 @dataclass
@@ -73,7 +73,7 @@ def run_suite(root: Path, *, runner: str | None = None, patterns: list[str] | No
         cmd.append("--strict")
     if write_expected is not None:
         cmd += ["--write-expected", str(Path(write_expected).absolute())]
-    proc = run.logged(cmd, root, log, run.test_env())
+    proc = processes.logged(cmd, root, log, processes.test_env())
     text = log.read_text(errors="replace")
     if proc.returncode == 2:
         errors = [ln[len("error: "):] for ln in text.splitlines() if ln.startswith("error: ")]

@@ -16,10 +16,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen.torchdb import support
 from backendgen.plumbing.environment import installed_torch
 from backendgen.plumbing.errors import EnvironmentProblem, UnknownOpError, UserError
 from backendgen.plumbing.files import sha256_of, write_atomic
+from backendgen.torchdb import support
 
 CACHE_FORMAT = 9
 _OP_NAME = re.compile(r"^(?:aten::)?([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
@@ -94,8 +94,17 @@ class ArgKind(str, enum.Enum):
 
 def arg_kind(ctype) -> ArgKind:
     """The kind of a dispatcher argument of torchgen C++ type `ctype` (a `torchgen.api.types.CType`)."""
-    from torchgen.api.types import (BaseCType, ConstRefCType, ListCType, MutRefCType, OptionalCType, deviceT,
-                                    iTensorListRefT, tensorListT, tensorT)
+    from torchgen.api.types import (
+        BaseCType,
+        ConstRefCType,
+        ListCType,
+        MutRefCType,
+        OptionalCType,
+        deviceT,
+        iTensorListRefT,
+        tensorListT,
+        tensorT,
+    )
 
     tensor = BaseCType(tensorT)
     kinds = {
@@ -253,7 +262,8 @@ class Op:
 
 def _derive_ops(info: TorchInfo) -> list[Op]:
     try:
-        from torchgen.api import meta as meta_api, native, structured
+        from torchgen.api import meta as meta_api
+        from torchgen.api import native, structured
         from torchgen.api.translate import translate
         from torchgen.api.types import DispatcherSignature
         from torchgen.context import native_function_manager
