@@ -50,7 +50,8 @@ def main() -> None:
         print(f"  step {step}: eager loss {losses[0]:.6f}, compiled loss {losses[1]:.6f}")
         if abs(losses[0] - losses[1]) > 1e-4 * max(1.0, abs(losses[0])):
             fail(f"step {step}: compiled loss {losses[1]} differs from eager {losses[0]}")
-    print(f"compiled training on {device} matched eager for {opts.steps} steps ({time.perf_counter() - start:.1f} s, compilation included)")
+    print(f"compiled training on {device} matched eager for {opts.steps} steps "
+          f"({time.perf_counter() - start:.1f} s, compilation included)")
     for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
         if b.device.type != device:
             fail(f"{name} left the device: {b.device}")

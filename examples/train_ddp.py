@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also in the spawned processes
-from _common import backend_device, fail, parser  # noqa: E402
+from _common import backend_device, fail, parser
 
 BATCH = 24
 

@@ -102,7 +102,8 @@ def test_skipped_tests_are_read_from_pytests_summary(tmp_path):
     log.write_text(
         "ss.                                                                      [100%]\n"
         "=========================== short test summary info ============================\n"
-        "SKIPPED [2] tests/ops/test_foo.py:64: no OpInfo sample calls aten::foo.out; add calls to extra_calls() in /p/x.py\n"
+        "SKIPPED [2] tests/ops/test_foo.py:64: no OpInfo sample calls aten::foo.out; "
+        "add calls to extra_calls() in /p/x.py\n"
         "SKIPPED [1] tests/ops/test_bar.py: no differentiable sample of aten::bar\n"
         "1 passed, 3 skipped in 2.46s\n"
     )

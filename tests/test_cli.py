@@ -13,7 +13,8 @@ from backendgen import __version__
 def test_help_does_not_import_torch():
     out = run_cli("--help")
     assert out.returncode == 0 and "add-op" in out.stdout
-    probe = "import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\ntry:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    probe = ("import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\n"
+             "try:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)")
     import subprocess
 
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)

@@ -61,7 +61,8 @@ def test_kernels_follow_the_schema():
     # without a body every kernel raises, naming the file; the Meta kernel still knows the shape
     todo = customop.parse("chip", "todo", "(Tensor x) -> Tensor")
     text = customop.render_kernel(todo)
-    assert 'C10_THROW_ERROR(NotImplementedError, "chip::todo is not defined yet: write compute() in csrc/custom_ops/todo.cpp")' in text
+    assert ('C10_THROW_ERROR(NotImplementedError, "chip::todo is not defined yet: '
+            'write compute() in csrc/custom_ops/todo.cpp")') in text
     assert "return at::empty_like(x);" in text
 
 

@@ -85,7 +85,8 @@ def test_a_listed_registration_or_api_the_template_lacks_is_named(template_copy)
     _edit_manifest(template_copy, change)
     assert sorted(contract.audit(template_copy)) == [
         "distributed: template.json lists the definition of {package}::all_to_all, which its files do not make",
-        "hooks: template.json names ATen/detail/PrivateUse1HooksInterface.h: getPinnedMemoryAllocatorFor, which its files do not use",
+        "hooks: template.json names ATen/detail/PrivateUse1HooksInterface.h: getPinnedMemoryAllocatorFor, "
+        "which its files do not use",
         "minimal operators: template.json lists aten::fill_.Scalar at PrivateUse1, which its files do not register",
         "profiler: csrc/runtime/tracer.cpp is in template.json but not in the template",
     ]

@@ -32,7 +32,8 @@ def test_rendered_project_metadata_records_everything(rendered_project):
         ("{truncated", "corrupted"),
         ('{"format": 1}', "missing"),
         ('{"format": 99, "device": "x", "package": "p", "dist_name": "d", "torch": {}, "ops": []}', "format 99"),
-        ('{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, "ops": [1]}', "ops.0. is malformed"),
+        ('{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, '
+         '"ops": [1]}', "ops.0. is malformed"),
     ],
 )
 def test_missing_or_corrupted_metadata_is_a_clear_error(tmp_path, content, match):

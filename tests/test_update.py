@@ -159,7 +159,8 @@ def _tree(root: Path) -> dict[str, str]:
 # --- the stored states -------------------------------------------------------------------------------
 
 def test_every_state_of_every_earlier_template_is_stored():
-    """Whoever bumps the template to N+1 must first store N's states: python -m backendgen.project.history --snapshot."""
+    """Whoever bumps the template to N+1 must first store N's states:
+    python -m backendgen.project.history --snapshot."""
     assert history.missing_versions() == [], "python -m backendgen.project.history --snapshot (see backendgen/project/history.py)"
     for state in history.states():  # each stored state is what its name says
         assert template_tree.state_hash_of(dict(state.files)) == state.hash
@@ -233,7 +234,8 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
     answers_of = Project.load(rendered_project)
     for state in history.states():
         if state.version == CURRENT:
-            continue  # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
+            # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
+            continue
         context = update.answers(answers_of, state.version, meta["backendgen_version"])
         files = update.rendered_files(state, context)  # file by file, as choose_base compares them
         if state in (history.states()[0], history.states(5)[0], history.states()[-1]):  # the same as cookiecutter's whole rendering

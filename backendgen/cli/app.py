@@ -136,8 +136,10 @@ def add_op(
     ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend.")],
     project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     schema: Annotated[str | None, typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
-    body: Annotated[str | None, typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its arguments, e.g. \"x * alpha\".")] = None,
-    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace PyTorch's derivative on the device.")] = False,
+    body: Annotated[str | None, typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its "
+                                             "arguments, e.g. \"x * alpha\".")] = None,
+    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace "
+                                                 "PyTorch's derivative on the device.")] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
@@ -227,14 +229,16 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
-@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
+@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
+                                  "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
 @_handles_errors
 def test_cmd(
     project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
     torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
     distributed: Annotated[bool, typer.Option("--distributed", help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.")] = False,
-    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device against the CPU, eager and compiled.")] = False,
+    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device "
+                                                 "against the CPU, eager and compiled.")] = False,
     patterns: Annotated[list[str] | None, typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
     dtypes: Annotated[list[str] | None, typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
     samples: Annotated[int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
@@ -371,12 +375,14 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
-@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); --torch: to the installed torch's signatures.")
+@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); "
+                                    "--torch: to the installed torch's signatures.")
 @_handles_errors
 def update_cmd(
     project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")] = False,
-    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, fix kernel signature lines where only types changed, then check.")] = False,
+    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, "
+                                               "fix kernel signature lines where only types changed, then check.")] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the tests.")] = False,
     allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")] = False,

@@ -231,5 +231,6 @@ def check_installed(project: Project) -> None:
         if where != project.root.resolve():
             raise UserError(
                 f"{dist_name} is installed from {where}, not from {project.root}; profile there (--project "
-                f"{shlex.quote(str(where))}), or rebuild this project: backendgen build --project {shlex.quote(str(project.root))}"
+                f"{shlex.quote(str(where))}), or rebuild this project: "
+                f"backendgen build --project {shlex.quote(str(project.root))}"
             )

@@ -73,9 +73,9 @@ def plan_kernel(db: OpDB, requested: Op, *, features: frozenset[str] | None = No
         )
     elif requested.composite_implicit:
         raise CompositeOpError(
-            f"{requested.qualified} is CompositeImplicitAutograd: PyTorch decomposes it into other operators before a "
-            "backend sees it, so it needs no kernel; add the operators it decomposes into instead (run it on the device "
-            "with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
+            f"{requested.qualified} is CompositeImplicitAutograd: PyTorch decomposes it into other operators "
+            "before a backend sees it, so it needs no kernel; add the operators it decomposes into instead "
+            "(run it on the device with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
         )
     view = is_view(target)
     if view:

@@ -167,7 +167,8 @@ class Project:
             raise ProjectError(f"{root} is not a directory")
         if not path.is_file():
             raise NotAProjectError(
-                f"{root} is not a backendgen project (no {METADATA_FILE}); run inside a generated project or pass --project DIR"
+                f"{root} is not a backendgen project (no {METADATA_FILE}); "
+                "run inside a generated project or pass --project DIR"
             )
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
