@@ -98,9 +98,10 @@ DEVICE_BENCH = _RATIO + textwrap.dedent(
     large_mul = ratio(lambda: Ad.mul_(1.0), lambda: A.mul_(1.0), 5)
     x = torch.randn(4096); xd = x.to(dev)
     fallback = ratio(lambda: torch.sin(xd), lambda: torch.sin(x), 2000)
-    print(json.dumps({"small_op_ratio": small[0], "small_op_device_us": small[1] * 1e6, "small_op_cpu_us": small[2] * 1e6,
-                      "large_op_ratio": max(large_add[0], large_mul[0]), "large_add_ratio": large_add[0], "large_mul_ratio": large_mul[0],
-                      "fallback_ratio": fallback[0], "fallback_device_us": fallback[1] * 1e6, "fallback_cpu_us": fallback[2] * 1e6}))
+    print(json.dumps({"small_op_ratio": small[0], "small_op_device_us": small[1] * 1e6,
+                      "small_op_cpu_us": small[2] * 1e6, "large_op_ratio": max(large_add[0], large_mul[0]),
+                      "large_add_ratio": large_add[0], "large_mul_ratio": large_mul[0], "fallback_ratio": fallback[0],
+                      "fallback_device_us": fallback[1] * 1e6, "fallback_cpu_us": fallback[2] * 1e6}))
     """
 )
 

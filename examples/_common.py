@@ -38,7 +38,8 @@ def backend_device(requested: str | None) -> str:
     if loaded is None:
         hint = (" (TORCH_DEVICE_BACKEND_AUTOLOAD=0 is set: unset it, or import the backend's package)"
                 if __import__("os").environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD") == "0" else
-                " (install a generated backend: backendgen new NAME, or pip install --no-build-isolation -e . in its project)")
+                " (install a generated backend: backendgen new NAME, "
+                "or pip install --no-build-isolation -e . in its project)")
         fail(f"no PrivateUse1 backend is loaded in this process{hint}", 2)
     if requested is not None and requested != loaded:
         fail(f"--device {requested}: the backend loaded in this process is {loaded!r} "

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _common import backend_device, fail, parser
 
 

@@ -20,7 +20,6 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _common import backend_device, fail, parser
 
 
@@ -51,8 +50,9 @@ def main() -> None:
         print(f"  step {step}: eager loss {losses[0]:.6f}, compiled loss {losses[1]:.6f}")
         if abs(losses[0] - losses[1]) > 1e-4 * max(1.0, abs(losses[0])):
             fail(f"step {step}: compiled loss {losses[1]} differs from eager {losses[0]}")
-    print(f"compiled training on {device} matched eager for {opts.steps} steps ({time.perf_counter() - start:.1f} s, compilation included)")
-    for (name, a), b in zip(eager.named_parameters(), twin.parameters()):
+    print(f"compiled training on {device} matched eager for {opts.steps} steps "
+          f"({time.perf_counter() - start:.1f} s, compilation included)")
+    for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
         if b.device.type != device:
             fail(f"{name} left the device: {b.device}")
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=f"weights of {name} differ")
@@ -70,7 +70,7 @@ def main() -> None:
     mod.reset_fallback_counts()
     got = fused(a, b)
     compiled_fallback = sorted(mod.fallback_counts())
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if g.device.type != device:
             fail(f"the compiled function returned a tensor on {g.device}")
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 
 import torch
-
 from _common import backend_device, fail, parser
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _common import backend_device, fail, parser
 
 
@@ -80,9 +79,9 @@ def main() -> None:
 
     root = project_of(device, opts.project)
     try:
-        from backendgen.torchdb.opdb import load_opdb
         from backendgen.commands.profile import add_op_command, analyze
         from backendgen.project.on_disk import Project
+        from backendgen.torchdb.opdb import load_opdb
     except ImportError:
         root = None  # backendgen is not installed here: list the operators only
     if root is None:

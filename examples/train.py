@@ -16,7 +16,6 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _common import backend_device, fail, parser
 
 
@@ -50,7 +49,8 @@ def main() -> None:
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
-    print(f"training on {device}:{torch.accelerator.current_device_index()} ({getattr(torch, device).get_device_name()}), "
+    print(f"training on {device}:{torch.accelerator.current_device_index()} "
+          f"({getattr(torch, device).get_device_name()}), "
           f"autocast {opts.dtype}, {type(opt).__name__}, {opts.steps} steps")
 
     x_eval, y_eval = batch(256, device, gen)

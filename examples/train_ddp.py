@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also in the spawned processes
-from _common import backend_device, fail, parser  # noqa: E402
+from _common import backend_device, fail, parser
 
 BATCH = 24
 
@@ -98,9 +98,9 @@ def main() -> None:
         opt.step()
     expected = [p.detach().cpu() for p in single.parameters()]
     initial = [p.detach() for p in make_model().parameters()]
-    if all(torch.equal(a, b) for a, b in zip(expected, initial)):
+    if all(torch.equal(a, b) for a, b in zip(expected, initial, strict=True)):
         fail("training did not change the parameters: nothing to compare")
-    for rank, backend, params in results:
+    for rank, _backend, params in results:
         for got, want in zip(map(torch.tensor, params), expected, strict=True):
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
                 fail(f"rank {rank}: parameters differ from one process on the whole batch "

@@ -7,10 +7,10 @@ import json
 import shutil
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
 from backendgen.toolchain import build
-from conftest import run_cli
 
 FUSED_CELLS = ["aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
                "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"]
@@ -102,7 +102,8 @@ def test_skipped_tests_are_read_from_pytests_summary(tmp_path):
     log.write_text(
         "ss.                                                                      [100%]\n"
         "=========================== short test summary info ============================\n"
-        "SKIPPED [2] tests/ops/test_foo.py:64: no OpInfo sample calls aten::foo.out; add calls to extra_calls() in /p/x.py\n"
+        "SKIPPED [2] tests/ops/test_foo.py:64: no OpInfo sample calls aten::foo.out; "
+        "add calls to extra_calls() in /p/x.py\n"
         "SKIPPED [1] tests/ops/test_bar.py: no differentiable sample of aten::bar\n"
         "1 passed, 3 skipped in 2.46s\n"
     )

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from backendgen.toolchain import build
+from backendgen.toolchain import build, processes
 
 LINK_LINE = ("g++ -shared /p/build/temp.linux-x86_64-cpython-311/build/unity/aten.o -L/t/lib -lc10 "
              "-o build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so -Wl,-s")
@@ -38,7 +38,7 @@ def recorded(rendered_project, tmp_path):
     ninja.write_text("rule compile\n")
     log = root / "build" / "backendgen-build.log"
     log.write_text(LINK_LINE.replace("/p/", f"{root}/") + "\n")
-    env = build._env()
+    env = processes.build_env()
     record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
     assert record is not None and record.stale_because(root, env) is None
     return root, env
@@ -148,7 +148,7 @@ def test_a_copy_of_a_project_compiles_to_the_same_ccache_keys(with_units, tmp_pa
     for unit in (root / "build" / "unity").glob("*.cpp"):
         includes = [ln for ln in unit.read_text().splitlines() if ln.startswith("#include")]
         assert includes and all('"../../csrc/' in ln for ln in includes), includes
-    assert build._env(root=root)["CCACHE_BASEDIR"] == str(root.resolve())
+    assert processes.build_env(root=root)["CCACHE_BASEDIR"] == str(root.resolve())
 
 
 def test_a_setup_py_without_the_unity_command_goes_through_setup_py(with_units):

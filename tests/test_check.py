@@ -6,9 +6,10 @@ import json
 import shutil
 import subprocess
 
+from conftest import run_cli
+
 from backendgen.commands.check import check_project
 from backendgen.project.on_disk import Project
-from conftest import run_cli
 
 
 def _edit_metadata(root, fn):
@@ -237,8 +238,8 @@ def test_device_module_attribute_torch_reads_is_named_when_missing(project_copy)
 
 
 def test_device_module_reads_found_in_torch_sources():
-    from backendgen.project import devmodule, manifest
     from backendgen.plumbing.environment import installed_torch
+    from backendgen.project import devmodule, manifest
 
     torch = installed_torch()
     reads = devmodule.scan(torch.torch_dir)

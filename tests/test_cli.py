@@ -5,19 +5,39 @@ import shutil
 import sys
 
 import pytest
+from conftest import read_only, run_cli, unique_device
 
 from backendgen import __version__
-from conftest import read_only, run_cli, unique_device
 
 
 def test_help_does_not_import_torch():
     out = run_cli("--help")
     assert out.returncode == 0 and "add-op" in out.stdout
-    probe = "import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\ntry:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    probe = ("import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\n"
+             "try:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)")
     import subprocess
 
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert res.stdout.strip().endswith("False")
+
+
+@pytest.mark.parametrize("manifest_text", ['{"template_version": 11,', '{"template_version": 11}'])
+def test_a_broken_template_manifest_fails_a_command_in_one_line(tmp_path, manifest_text):
+    """An installation whose template.json is unreadable (truncated, or missing fields) still answers
+    --help; a command that needs the manifest fails with one line and writes nothing."""
+    from backendgen.project.manifest import template_dir
+
+    broken = tmp_path / "template"
+    shutil.copytree(template_dir(), broken)
+    (broken / "template.json").write_text(manifest_text)
+    env = {"BACKENDGEN_TEMPLATE_DIR": str(broken)}
+    out = run_cli("--help", env=env)
+    assert out.returncode == 0 and "add-op" in out.stdout, out.stderr
+    out = run_cli("new", "x", "-o", str(tmp_path / "x"), "--no-build", env=env)
+    assert out.returncode == 2, out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "template manifest" in errors[0] and "reinstall backendgen" in errors[0], out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "x").exists()
 
 
 def test_version():

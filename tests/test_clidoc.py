@@ -6,10 +6,10 @@ import re
 
 import pytest
 import typer
+from conftest import run_cli
 
 from backendgen.cli import clidoc
 from backendgen.cli.app import app
-from conftest import run_cli
 
 
 def test_docs_cli_md_is_what_the_app_renders():
@@ -20,7 +20,7 @@ def test_docs_cli_md_is_what_the_app_renders():
 
 def _sections(text: str) -> dict[str, str]:
     parts = re.split(r"^## backendgen (\S+)$", text, flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_every_command_and_option_of_help_is_in_the_reference():

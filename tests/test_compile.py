@@ -7,9 +7,13 @@ from __future__ import annotations
 import re
 import shutil
 
-from backendgen.commands.check import check_project
-from backendgen.project.on_disk import COMPILE_TESTS, Project
 from conftest import patch_integration_point, run_cli
+
+from backendgen.commands.check import check_project
+from backendgen.project import manifest
+from backendgen.project.on_disk import Project
+
+COMPILE_TESTS = manifest.load().path("compile_tests")  # where the current template puts it
 
 COMMON = "_inductor/codegen/common.py"
 

@@ -8,12 +8,12 @@ import importlib.util
 import json
 import re
 import sys
-import tomllib
 
 import pytest
+import tomllib
+from conftest import run_cli
 
 from backendgen import api
-from conftest import run_cli
 
 VARIANTS = ("forward", "backward", "inplace", "out")
 
@@ -28,7 +28,7 @@ def _count_line(stdout: str, variant: str, dtype: str) -> dict[str, int] | None:
     if m is None:
         return None
     keys = ("pass", "fail", "mismatch", "error", "crash", "hang", "xfail", "fixed", "skip")
-    return dict(zip(keys, map(int, m.groups())))
+    return dict(zip(keys, map(int, m.groups()), strict=True))
 
 
 def test_the_generated_backend_passes_the_conformance_suite(opt_in_run):

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
@@ -166,7 +165,7 @@ def _names(project: Path) -> dict:
 def _render(text: str, meta: dict) -> str:
     """The docs' `mychip` names, and the template's cookiecutter variables, as the session backend's."""
     for key in ("device", "DEVICE", "package", "dist_name"):
-        text = text.replace("{{ cookiecutter.%s }}" % key, meta[key])
+        text = text.replace(f"{{{{ cookiecutter.{key} }}}}", meta[key])
     return text.replace("MYCHIP", meta["DEVICE"]).replace("mychip", meta["device"])
 
 

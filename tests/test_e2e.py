@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
-from backendgen.toolchain import build
 from backendgen.plumbing.errors import BuildError
-from conftest import run_cli
+from backendgen.toolchain import build
 
 # The operators issue #3 asks CI to add: structured, out=, in-place, multi-output, Tensor?[],
 # ITensorListRef, SymInt, Scalar and optional arguments, bool[3].
@@ -68,7 +68,8 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
     device = _meta(root)["device"]
-    code = f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())"
+    code = (f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); "
+            "print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert ran.returncode != 0 and "edited by hand" in ran.stderr, ran.stdout + ran.stderr
@@ -137,7 +138,8 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
         '#include "aten/kernel_support.h"\n#include <torch/library.h>\n'
         f"namespace {device}::ops::typo {{\n"
         "at::Tensor mul_typo(const at::Tensor& self, const at::Tensor& other) { return self; }\n}\n"
-        f'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {{ m.impl("mul.Tensr", TORCH_FN({device}::ops::typo::mul_typo)); }}\n'
+        'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) '
+        f'{{ m.impl("mul.Tensr", TORCH_FN({device}::ops::typo::mul_typo)); }}\n'
     )
     build.build(root, meta["package"], meta["dist_name"])
     out = run_cli("check", "--project", str(root), "--json")
@@ -182,12 +184,14 @@ def test_add_op_writes_native_view_kernels(project_copy):
 
     device = _meta(root)["device"]
     code = (
-        f"import torch; mod = getattr(torch, '{device}'); z = torch.randn(3, dtype=torch.complex64, device='{device}')\n"
+        f"import torch; mod = getattr(torch, '{device}'); "
+        f"z = torch.randn(3, dtype=torch.complex64, device='{device}')\n"
         "x = torch.randn(3, 3, device=z.device); mod.reset_fallback_counts()\n"
         "r = torch.view_as_real(z[1:]); parts = z.unbind(0); d = x.diagonal(1)\n"
         "print(mod.fallback_counts(), r._base is z, r.storage_offset(), parts[2]._base is z, parts[2].storage_offset(),"
         " d._base is x, d.storage_offset(),"
-        " all(torch._C._dispatch_has_kernel_for_dispatch_key(f'aten::{n}', 'PrivateUse1') for n in ('view_as_real', 'diagonal', 'unbind.int')))"
+        " all(torch._C._dispatch_has_kernel_for_dispatch_key(f'aten::{n}', 'PrivateUse1')"
+        " for n in ('view_as_real', 'diagonal', 'unbind.int')))"
     )
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")

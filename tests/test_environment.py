@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import read_only, run_cli, unique_device
 
 from backendgen import api
+from backendgen.plumbing.errors import EnvironmentProblem
 from backendgen.toolchain import build
 from backendgen.torchdb import opdb, support
-from backendgen.plumbing.errors import EnvironmentProblem
-from conftest import read_only, run_cli, unique_device
 
 
 def test_torch_missing(monkeypatch):
@@ -128,8 +128,8 @@ def test_a_plain_install_has_what_the_generated_tests_import(rendered_project):
     """backendgen's own requirements (no extra) and the generated project's `test` extra, which its
     README and CI install, both name every tool the generated tests import besides torch."""
     import importlib.metadata
-    import tomllib
 
+    import tomllib
     from packaging.requirements import Requirement
 
     plain = {Requirement(r).name for r in importlib.metadata.requires("backendgen") if "extra" not in r}

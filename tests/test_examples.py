@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

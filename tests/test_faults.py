@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import read_only, run_cli
 
 from backendgen import api
 from backendgen.plumbing.errors import EnvironmentProblem, UserError
-from conftest import read_only, run_cli
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -130,10 +130,10 @@ def test_a_signal_from_outside_while_add_op_waits_rolls_back(rendered_copy, tmp_
 def test_new_interrupted_during_its_build_leaves_nothing_and_can_be_run_again(tmp_path, monkeypatch):
     """In-process, with the CLI's handlers installed (the session's backend is installed, so the
     CLI's `new` would refuse to build a second one before reaching the build)."""
-    from backendgen.plumbing import interrupt
     from conftest import unique_device
 
     from backendgen.commands import new
+    from backendgen.plumbing import interrupt
 
     monkeypatch.setattr(new, "check_no_other_backend", lambda dist_name: None)
     monkeypatch.setenv("BACKENDGEN_FAULT", "new:rendered=SIGTERM")
@@ -266,9 +266,9 @@ def test_an_empty_cxx_is_one_line(rendered_copy):
 
 
 def test_build_without_torch_is_one_line_and_keeps_the_build_record(built_copy, monkeypatch):
+    from backendgen.plumbing.environment import InstalledTorch
     from backendgen.toolchain import build
     from backendgen.torchdb import opdb
-    from backendgen.plumbing.environment import InstalledTorch
 
     record = built_copy / build.RECORD
     record.write_text('{"format": 1}\n')

@@ -3,8 +3,8 @@
 import pytest
 
 from backendgen.kinds import kernelgen, registration
-from backendgen.project import manifest
 from backendgen.plumbing.errors import CompositeOpError, UserError
+from backendgen.project import manifest
 from backendgen.torchdb.opdb import load_opdb
 
 TEMPLATE_1 = manifest.load().features_of(1)  # kernel_support.h without common_device

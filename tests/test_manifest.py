@@ -11,14 +11,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import patch_integration_point
 
 from backendgen.commands import check
-from backendgen.project import contract, manifest
-from backendgen.torchdb import support
 from backendgen.commands.check import check_project
-from backendgen.torchdb.opdb import load_opdb
+from backendgen.project import contract, manifest
 from backendgen.project.on_disk import Project
-from conftest import patch_integration_point
+from backendgen.torchdb import support
+from backendgen.torchdb.opdb import load_opdb
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,8 @@ def test_a_listed_registration_or_api_the_template_lacks_is_named(template_copy)
     _edit_manifest(template_copy, change)
     assert sorted(contract.audit(template_copy)) == [
         "distributed: template.json lists the definition of {package}::all_to_all, which its files do not make",
-        "hooks: template.json names ATen/detail/PrivateUse1HooksInterface.h: getPinnedMemoryAllocatorFor, which its files do not use",
+        "hooks: template.json names ATen/detail/PrivateUse1HooksInterface.h: getPinnedMemoryAllocatorFor, "
+        "which its files do not use",
         "minimal operators: template.json lists aten::fill_.Scalar at PrivateUse1, which its files do not register",
         "profiler: csrc/runtime/tracer.cpp is in template.json but not in the template",
     ]
@@ -196,7 +197,7 @@ def test_the_generated_readme_lists_every_integration_point(rendered_project):
     m = manifest.load()
     assert len(rows) == len(m.integration_points)
     package = json.loads((rendered_project / "backendgen.json").read_text())["package"]
-    for row, point in zip(rows, m.integration_points):
+    for row, point in zip(rows, m.integration_points, strict=True):
         first = point.paths[0].replace("{package}", package)
         assert row.startswith(f"| `{first}`") and "{" not in row, row
 

@@ -9,8 +9,11 @@ import shutil
 import subprocess
 import sys
 
-from backendgen.project.on_disk import MODEL_TESTS
 from conftest import run_cli
+
+from backendgen.project import manifest
+
+MODEL_TESTS = manifest.load().path("model_tests")  # where the current template puts it
 
 
 def test_the_generated_backend_passes_its_model_suite(built_project, opt_in_run):

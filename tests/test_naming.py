@@ -2,8 +2,8 @@
 
 import pytest
 
-from backendgen.project import naming
 from backendgen.plumbing.errors import InvalidNameError
+from backendgen.project import naming
 
 
 @pytest.mark.parametrize(

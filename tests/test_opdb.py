@@ -5,7 +5,7 @@ import json
 import pytest
 
 from backendgen.plumbing.errors import UnknownOpError, UserError
-from backendgen.torchdb.opdb import load_opdb, torch_info
+from backendgen.torchdb.opdb import ReturnKind, load_opdb, torch_info
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,36 @@ def test_lacking_a_cpu_kernel_agrees_with_the_live_dispatcher(db):
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.qualified, "CPU"), op.qualified
     for name in ("mul.out", "sin.out", "empty_strided"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CPU"), name
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("add.Tensor", ReturnKind.TENSOR), ("add_.Tensor", ReturnKind.TENSOR_REF), ("add.out", ReturnKind.TENSOR_REF),
+    ("max.dim", ReturnKind.TUPLE_OF_TENSORS), ("max.dim_max", ReturnKind.TUPLE_OF_REFS),
+    ("unbind.int", ReturnKind.TENSOR_LIST), ("_foreach_add_.Scalar", ReturnKind.NONE),
+    ("_local_scalar_dense", ReturnKind.VALUE), ("_batch_norm_impl_index", ReturnKind.TUPLE),
+    ("resize_", ReturnKind.OTHER_TENSOR),
+])
+def test_an_operator_s_return_has_a_kind(db, name, kind):
+    assert db.resolve(name).return_kind is kind
+
+
+def test_return_kinds_agree_with_the_cpp_return_types(db):
+    """The kinds come from torchgen's model, not from the C++ spelling; every operator's kind says what its
+    spelling says (the generators branch on the kind and spell the type)."""
+    def spelled(items):
+        one = {ReturnKind.TENSOR: "at::Tensor", ReturnKind.TENSOR_REF: "at::Tensor &",
+               ReturnKind.TENSOR_LIST: "::std::vector<at::Tensor>"}
+        return [one.get(k) for k in items]
+
+    for op in db.all():
+        kind, cpp = op.return_kind, op.returns_cpp
+        if kind is ReturnKind.NONE:
+            assert cpp == "void" and not op.returns, op.name
+        elif len(op.return_items) == 1:
+            assert kind is op.return_items[0], op.name
+            assert cpp == (spelled([kind])[0] or cpp), op.name
+            assert ("Tensor" in cpp) == (kind is not ReturnKind.VALUE), op.name
+        else:
+            assert cpp.startswith("::std::tuple<") and len(op.return_items) == len(op.returns), op.name
+            if kind in (ReturnKind.TUPLE_OF_TENSORS, ReturnKind.TUPLE_OF_REFS):
+                assert cpp == f"::std::tuple<{','.join(spelled(op.return_items))}>", op.name

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
-from backendgen.toolchain import build
 from backendgen.commands import profile as prof
-from backendgen.torchdb.opdb import load_opdb
 from backendgen.project.on_disk import Project
-from conftest import run_cli
+from backendgen.toolchain import build
+from backendgen.torchdb.opdb import load_opdb
 
 # A small CNN training step with Adamax; the device comes from the script's own arguments. Its layers
 # and optimizer are ones a fresh project runs on the CPU fallback (conv + batch norm + relu,

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from backendgen.plumbing.errors import LockedError, ProjectError
+from backendgen.project import history, manifest
 from backendgen.project.on_disk import METADATA_FILE, Project, Transaction
 
 
@@ -31,7 +32,8 @@ def test_rendered_project_metadata_records_everything(rendered_project):
         ("{truncated", "corrupted"),
         ('{"format": 1}', "missing"),
         ('{"format": 99, "device": "x", "package": "p", "dist_name": "d", "torch": {}, "ops": []}', "format 99"),
-        ('{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, "ops": [1]}', "ops.0. is malformed"),
+        ('{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, '
+         '"ops": [1]}', "ops.0. is malformed"),
     ],
 )
 def test_missing_or_corrupted_metadata_is_a_clear_error(tmp_path, content, match):
@@ -82,3 +84,30 @@ def test_transaction_rolls_back_on_ctrl_c(tmp_path):
             tx.write(f, "b")
             raise KeyboardInterrupt
     assert f.read_text() == "a"
+
+
+def test_a_project_is_read_with_the_paths_of_its_own_template_version(monkeypatch, tmp_path):
+    """Project.paths come from the manifest of the project's template version (its stored state), not the
+    installed one; a key an older manifest lacks, or a manifest without "paths", gives the current place."""
+    current = manifest.load()
+    stored = {8: {"paths": {"registration": "csrc/old/registration.cpp"}}, 5: {"template_version": 5}}
+    blobs = {f"sha-{v}": json.dumps(m).encode() for v, m in stored.items()}
+
+    class FakeState:
+        def __init__(self, v):
+            self.files = ((manifest.MANIFEST_FILE, f"sha-{v}"),)
+
+    monkeypatch.setattr(history, "states", lambda version=None: [FakeState(version)] if version in stored else [])
+    monkeypatch.setattr(history, "blob", blobs.__getitem__)
+    history.paths_of.cache_clear()
+    try:
+        def project(version):
+            return Project(tmp_path, {"template_version": version})
+
+        assert project(8).registration_file == "csrc/old/registration.cpp"
+        assert project(8).paths["model_tests"] == current.path("model_tests")
+        assert project(5).paths == current.paths
+        assert project(current.template_version).registration_file == current.path("registration")
+        assert project(8).paths is project(8).paths  # read once per version
+    finally:
+        history.paths_of.cache_clear()

@@ -8,9 +8,9 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import run_cli, unique_device
 
 from backendgen.cli.output import visible
-from conftest import run_cli, unique_device
 
 # text rich (or jinja, for a path cookiecutter renders) would read as markup
 MARKUP_LIKE = ["[/bold]", "[red]x[/]", "[link=https://example.com]x[/link]", "a[b]c", "{{ cookiecutter.device }}"]

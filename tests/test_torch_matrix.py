@@ -21,10 +21,10 @@ import subprocess
 import time
 
 import pytest
-
-from backendgen.torchdb import support
 from conftest import unique_device
 from torch_venvs import Venv, log
+
+from backendgen.torchdb import support
 
 pytestmark = pytest.mark.slow
 

@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, unique_device
 
 from backendgen import api
-from backendgen.project import history, manifest, naming, render, template_tree
-from backendgen.kinds import registration
 from backendgen.commands import update
+from backendgen.kinds import registration
+from backendgen.project import history, manifest, naming, render, template_tree
+from backendgen.project.on_disk import Project, Transaction
 from backendgen.torchdb.opdb import load_opdb
-from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
-from conftest import run_cli, unique_device
+
+REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 
 REPO = Path(__file__).resolve().parent.parent
 CURRENT = history.current_version()
@@ -157,7 +159,8 @@ def _tree(root: Path) -> dict[str, str]:
 # --- the stored states -------------------------------------------------------------------------------
 
 def test_every_state_of_every_earlier_template_is_stored():
-    """Whoever bumps the template to N+1 must first store N's states: python -m backendgen.project.history --snapshot."""
+    """Whoever bumps the template to N+1 must first store N's states:
+    python -m backendgen.project.history --snapshot."""
     assert history.missing_versions() == [], "python -m backendgen.project.history --snapshot (see backendgen/project/history.py)"
     for state in history.states():  # each stored state is what its name says
         assert template_tree.state_hash_of(dict(state.files)) == state.hash
@@ -231,7 +234,8 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
     answers_of = Project.load(rendered_project)
     for state in history.states():
         if state.version == CURRENT:
-            continue  # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
+            # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
+            continue
         context = update.answers(answers_of, state.version, meta["backendgen_version"])
         files = update.rendered_files(state, context)  # file by file, as choose_base compares them
         if state in (history.states()[0], history.states(5)[0], history.states()[-1]):  # the same as cookiecutter's whole rendering
@@ -339,10 +343,10 @@ def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_
     context = update.answers(project, CURRENT, project.record.backendgen_version)
     old_files = update.rendered_files(state, context)
     current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
-    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.TOOL_OWNED)
+    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.tool_owned())
     assert changed, f"{state.describe()} renders like the installed template"
     for rel, data in old_files.items():  # the project as that state generated it
-        if rel not in update.TOOL_OWNED:
+        if rel not in update.tool_owned():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_bytes(data)
     readme = root / "README.md"

@@ -7,12 +7,15 @@ import json
 import shutil
 
 import pytest
+from conftest import run_cli
 
 from backendgen import api
 from backendgen.kinds import registration
 from backendgen.plumbing.errors import ProjectError
-from backendgen.project.on_disk import REGISTRATION_FILE, Project
-from conftest import run_cli
+from backendgen.project import manifest
+from backendgen.project.on_disk import Project
+
+REGISTRATION_FILE = manifest.load().path("registration")  # where the current template puts it
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -96,8 +96,8 @@ def main_options(
 @_handles_errors
 def new(
     name: Annotated[str, typer.Argument(help="Device name: lower-case letters and _ (torch.device(NAME)).")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
-    package: Annotated[Optional[str], typer.Option(help="Python package name [default: torch_NAME].")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
+    package: Annotated[str | None, typer.Option(help="Python package name [default: torch_NAME].")] = None,
     devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,
     no_build: Annotated[bool, typer.Option("--no-build", help="Render only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the generated tests.")] = False,
@@ -134,10 +134,12 @@ def new(
 @_handles_errors
 def add_op(
     ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend.")],
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    schema: Annotated[Optional[str], typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
-    body: Annotated[Optional[str], typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its arguments, e.g. \"x * alpha\".")] = None,
-    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace PyTorch's derivative on the device.")] = False,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    schema: Annotated[str | None, typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
+    body: Annotated[str | None, typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its "
+                                             "arguments, e.g. \"x * alpha\".")] = None,
+    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace "
+                                                 "PyTorch's derivative on the device.")] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
@@ -176,7 +178,7 @@ def add_op(
 @_handles_errors
 def remove_op(
     ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME.")],
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     force: Annotated[bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")] = False,
     autograd: Annotated[bool, typer.Option("--autograd", help="Remove the autograd override of each aten:: operator (add-op --autograd).")] = False,
 ):
@@ -196,11 +198,11 @@ def remove_op(
 @app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
 @_handles_errors
 def build_cmd(
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     test: Annotated[bool, typer.Option("--test", help="Run the project's tests after building.")] = False,
     full: Annotated[bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")] = False,
     wheel: Annotated[bool, typer.Option("--wheel", help="Build a wheel for the installed torch, repaired to a manylinux tag (auditwheel).")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")] = None,
     torch_label: Annotated[bool, typer.Option("--torch-label", help="With --wheel: version X+torchA.B.C (not for PyPI: wheels for several torches side by side).")] = False,
 ):
     """Rebuild the backend after editing it: ninja and the link alone while what shaped the last
@@ -227,20 +229,22 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
-@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; --compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
+@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
+                                  "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
 @_handles_errors
 def test_cmd(
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
     torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
     distributed: Annotated[bool, typer.Option("--distributed", help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.")] = False,
-    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device against the CPU, eager and compiled.")] = False,
-    patterns: Annotated[Optional[list[str]], typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
-    dtypes: Annotated[Optional[list[str]], typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
-    samples: Annotated[Optional[int], typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
-    workers: Annotated[Optional[int], typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
+    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device "
+                                                 "against the CPU, eager and compiled.")] = False,
+    patterns: Annotated[list[str] | None, typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
+    dtypes: Annotated[list[str] | None, typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
-    write_expected: Annotated[Optional[Path], typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
+    write_expected: Annotated[Path | None, typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
 ):
     """Run the project's tests; with --opinfo also its conformance suite (one summary line per
     variant and dtype, then the first unexpected failure of each op); with --compile also its
@@ -270,8 +274,8 @@ def test_cmd(
 @app.command("ops", short_help="List operators: native, CPU fallback or a default kernel.")
 @_handles_errors
 def ops_cmd(
-    pattern: Annotated[Optional[str], typer.Argument(help="Glob or substring, e.g. 'mul*' or 'layer_norm'.")] = None,
-    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    pattern: Annotated[str | None, typer.Argument(help="Glob or substring, e.g. 'mul*' or 'layer_norm'.")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p")] = None,
     required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
 ):
     """List operators and, for this project (outside one: a new project from the current template), whether each
@@ -295,7 +299,7 @@ app.add_typer(amp_app, name="amp")
 
 @amp_app.command("list", short_help="Show the autocast table.")
 @_handles_errors
-def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None):
+def amp_list_cmd(project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None):
     """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
     from backendgen import api
 
@@ -310,7 +314,7 @@ def amp_list_cmd(project: Annotated[Optional[Path], typer.Option("--project", "-
 def amp_set_cmd(
     op: Annotated[str, typer.Argument(help="Operator: aten::mm, softmax.int, ...")],
     policy: Annotated[str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")],
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
 ):
@@ -334,7 +338,7 @@ def amp_set_cmd(
 @app.command(short_help="Check the backend against the installed torch.")
 @_handles_errors
 def check(
-    project: Annotated[Optional[Path], typer.Option("--project", "-p")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
     ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
@@ -371,12 +375,14 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
-@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); --torch: to the installed torch's signatures.")
+@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); "
+                                    "--torch: to the installed torch's signatures.")
 @_handles_errors
 def update_cmd(
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")] = False,
-    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, fix kernel signature lines where only types changed, then check.")] = False,
+    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, "
+                                               "fix kernel signature lines where only types changed, then check.")] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the tests.")] = False,
     allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")] = False,
@@ -442,8 +448,8 @@ def update_cmd(
 @_handles_errors
 def profile_cmd(
     script: Annotated[Path, typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it).")],
-    args: Annotated[Optional[list[str]], typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
-    project: Annotated[Optional[Path], typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    args: Annotated[list[str] | None, typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
+    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")] = False,
 ):
     """Run SCRIPT [ARGS...] with this Python and the project's backend loaded (as `python SCRIPT ARGS`
@@ -500,8 +506,8 @@ def _print_profile(res, printer) -> None:
 
 
 def main() -> None:
-    from backendgen.plumbing import interrupt
     from backendgen.cli import output
+    from backendgen.plumbing import interrupt
 
     interrupt.install()  # SIGTERM and SIGHUP take Ctrl-C's path: the one place they are handled
     output.degrade_streams()  # a terminal that cannot show ✓ gets backslash escapes, not a crash

@@ -73,7 +73,7 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
                 change.save_record()
                 faults.reached("amp:written")
         if build_it:
-            tests = [f"{amp.TEST_FILE}::test_policy_takes_effect_under_autocast[{op.name}]"] if policy != "none" else []
+            tests = [f"{project.paths['amp_tests']}::test_policy_takes_effect_under_autocast[{op.name}]"] if policy != "none" else []
             change.build_and_test(rep, tests=tests, test=test_it, name="amp-test")
             result.built, result.tested = change.built, change.tested
     return result

@@ -40,7 +40,7 @@ from backendgen.torchdb.drift import Drift, classify
 from backendgen.plumbing.environment import installed_torch, subprocess_env
 from backendgen.plumbing.errors import EnvironmentProblem
 from backendgen.torchdb.opdb import OpDB, load_opdb
-from backendgen.project.on_disk import REGISTRATION_FILE, Project
+from backendgen.project.on_disk import Project
 from backendgen.plumbing.textenum import TextEnum
 
 
@@ -384,7 +384,7 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
                        kind=Kind.MISSING_KERNEL)
         elif rec is not None and rec.origin == "add-op" and not _registered_here(k["line"], project, rec.source):
             report.add(Area.EXTENSION, Severity.WARNING, op,
-                       f"its PrivateUse1 kernel is not registered by {REGISTRATION_FILE} or {rec.source}: {k['line'][:160]}")
+                       f"its PrivateUse1 kernel is not registered by {project.registration_file} or {rec.source}: {k['line'][:160]}")
     return set(load["registered"])
 
 
@@ -404,8 +404,8 @@ def _registered_here(dispatch_line: str, project: Project, source: str) -> bool:
         parts = os.path.normpath(at).split(os.sep)
         while parts and parts[0] == "..":
             parts.pop(0)
-        return "/".join(parts) in {REGISTRATION_FILE, source}
-    return at.resolve() in {(project.root / REGISTRATION_FILE).resolve(), (project.root / source).resolve()}
+        return "/".join(parts) in {project.registration_file, source}
+    return at.resolve() in {(project.root / project.registration_file).resolve(), (project.root / source).resolve()}
 
 
 def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered: set[str], list_ops: bool) -> None:

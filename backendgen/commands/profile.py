@@ -30,6 +30,7 @@ from backendgen.plumbing.errors import EnvironmentProblem, ProjectError, UserErr
 from backendgen.torchdb.opdb import OpDB, load_opdb
 from backendgen.project.on_disk import Project
 
+
 @dataclass
 class OpTime:
     op: str  # the dispatcher's name, "aten::addcmul.out"
@@ -230,7 +231,8 @@ def check_installed(project: Project) -> None:
         if where != project.root.resolve():
             raise UserError(
                 f"{dist_name} is installed from {where}, not from {project.root}; profile there (--project "
-                f"{shlex.quote(str(where))}), or rebuild this project: backendgen build --project {shlex.quote(str(project.root))}"
+                f"{shlex.quote(str(where))}), or rebuild this project: "
+                f"backendgen build --project {shlex.quote(str(project.root))}"
             )
 
 

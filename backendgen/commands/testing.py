@@ -8,7 +8,7 @@ from pathlib import Path
 from backendgen.commands.transaction import check_no_other_backend
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.progress import Reporter
-from backendgen.project.on_disk import COMPILE_TESTS, DISTRIBUTED_TESTS, MODEL_TESTS, Project
+from backendgen.project.on_disk import Project
 from backendgen.toolchain import build
 
 
@@ -19,15 +19,15 @@ class OptInSuite:
 
     option: str  # the `backendgen test` option, without dashes
     marker: str  # the pytest marker that selects it
-    path: str  # where it lives in the project
+    paths_key: str  # where it lives in the project: this key of Project.paths
     what: str  # for messages: "torch.compile tests"
     since: int  # the template version that added it
 
 
 OPT_IN_SUITES = (
-    OptInSuite("compile", "compile", COMPILE_TESTS, "torch.compile tests", 6),
-    OptInSuite("distributed", "distributed", DISTRIBUTED_TESTS, "multi-process tests", 6),
-    OptInSuite("models", "models", MODEL_TESTS, "model suite", 9),
+    OptInSuite("compile", "compile", "compile_tests", "torch.compile tests", 6),
+    OptInSuite("distributed", "distributed", "distributed_tests", "multi-process tests", 6),
+    OptInSuite("models", "models", "model_tests", "model suite", 9),
 )
 
 
@@ -78,15 +78,15 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
         raise UserError(f"no opt-in test suite {unknown[0]!r}; there are: {', '.join(by_option)}")
     suites = [by_option[name] for name in dict.fromkeys(opt_in)]
     for s in suites:
-        if not (project.root / s.path).exists():
-            raise ProjectError(f"{project.root} has no {s.what} ({s.path}, template {s.since} and later); "
+        if not (project.root / project.paths[s.paths_key]).exists():
+            raise ProjectError(f"{project.root} has no {s.what} ({project.paths[s.paths_key]}, template {s.since} and later); "
                                "docs/upgrading.md says how an older project takes them over")
     result = TestResult(project.root)
     with project.lock():
         if opinfo:  # first: it checks its arguments before anything runs
             with rep.step("conformance"):
                 result.suite = conformance.run_suite(
-                    project.root, patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+                    project.root, runner=project.paths["conformance_runner"], patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
                     write_expected=write_expected,
                 )
         with rep.step("test"):
@@ -98,7 +98,7 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
             run = SuiteRun(s)
             with rep.step(s.option):
                 try:
-                    run.log = build.run_tests(project.root, [s.path], name=s.option, marker=s.marker)
+                    run.log = build.run_tests(project.root, [project.paths[s.paths_key]], name=s.option, marker=s.marker)
                 except TestFailure as e:
                     run.failure, run.log = str(e), e.log
             result.opt_in.append(run)

@@ -19,13 +19,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
-from backendgen.torchdb.opdb import Arg, ArgKind, Op
-from backendgen.project.on_disk import PATHS
+from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
+from backendgen.project import manifest
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
-SOURCE_DIR = PATHS["custom_ops"]
-AUTOGRAD_DIR = PATHS["autograd"]
+
+
+def kind_path(key: str) -> str:
+    """Where the operator kinds' files live ("custom_ops", "autograd", "kernel_tests"): the installed
+    template's manifest, read when a file is named (every template with own operators and overrides,
+    7 on, puts them where the current one does)."""
+    return manifest.load().path(key)
 
 
 def is_custom_name(name: str, device: str) -> bool:
@@ -59,18 +65,18 @@ class CustomOp:
 
     @property
     def source(self) -> str:
-        return f"{SOURCE_DIR}/{self.name}.cpp"
+        return f"{kind_path('custom_ops')}/{self.name}.cpp"
 
     @property
     def autograd_source(self) -> str | None:
-        return f"{AUTOGRAD_DIR}/{self.device}_{self.name}.cpp" if self.autograd else None
+        return f"{kind_path('autograd')}/{self.device}_{self.name}.cpp" if self.autograd else None
 
     def python_module(self, package: str) -> str:
         return f"{package}/ops/{self.name}.py"
 
     @property
     def test(self) -> str:
-        return f"{PATHS['kernel_tests']}/test_{self.device}_{self.name}.py"
+        return f"{kind_path('kernel_tests')}/test_{self.device}_{self.name}.py"
 
     def files(self, package: str) -> list[str]:
         """Every file add-op writes for it."""
@@ -100,7 +106,7 @@ class CustomOp:
         mutated argument or a new tensor shaped like the first tensor argument."""
         first = first_tensor(self.op)
         return all(r.kind == "mutated" or (r.kind == "new" and first is not None) for r in self.returns) and \
-            all(t == "Tensor" or t.startswith("Tensor(") for t in self.op.returns)
+            all(k in (ReturnKind.TENSOR, ReturnKind.TENSOR_REF) for k in self.op.return_items)
 
     @property
     def notes(self) -> list[str]:
@@ -169,6 +175,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             args.append(Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""),
                                is_out=sa in func.arguments.out))
         returns_cpp = sig.returns_type().cpp_type()
+        items = return_items(func.returns)
         signature = sig.defn(name="NAME")
     rets = []
     by_alias = {str(a.annotation.alias_set[0]) if a.annotation else None: a for a in func.arguments.flat_all if a.annotation}
@@ -184,7 +191,7 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         base=bare, root=bare, overload="", schema=str(func), kind=func.kind().name, cpp_name="NAME", ops_struct=bare,
         signature=signature, returns_cpp=returns_cpp,
         returns=tuple(str(r.type) + (f"({r.annotation})" if r.annotation else "") for r in func.returns),
-        args=tuple(args), structured=False, structured_delegate=None, dispatch_keys=(), composite_implicit=False,
+        return_items=items, args=tuple(args), structured=False, structured_delegate=None, dispatch_keys=(), composite_implicit=False,
         composite_explicit=False, needs_backend_kernel=True, namespace=device,
     )
     custom = CustomOp(device=device, name=bare, schema=str(func), op=op, returns=tuple(rets),
@@ -379,34 +386,22 @@ def saved_argument(a: Arg, qualified: str) -> tuple[str, str]:
     return f"{slot} = {store.format(n=a.name)};", f"const auto {a.name} = {load.format(v=slot)};"
 
 
-def _camel(name: str) -> str:
-    return "".join(p[:1].upper() + p[1:] for p in name.split("_") if p) + "Function"
-
-
 def function_class(custom: CustomOp) -> str:
-    return _camel(custom.name)
-
-
-def _env():
-    from backendgen.kinds.kernelgen import _env as kernel_env
-
-    return kernel_env()
+    return jinja.camel(custom.name)
 
 
 def _ret_expr(custom: CustomOp, items: list[str]) -> str:
-    ret = custom.op.returns_cpp
     if len(items) == 1:
         return items[0]
-    if "&" in ret:
+    if ReturnKind.TENSOR_REF in custom.op.return_items:
         return f"::std::forward_as_tuple({', '.join(items)})"
-    return f"{ret}({', '.join(items)})"
+    return f"{custom.op.returns_cpp}({', '.join(items)})"
 
 
 def _compute_lines(custom: CustomOp) -> list[str]:
-    ret = custom.op.returns_cpp
     if custom.body is None:
         return [f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified} is not defined yet: write compute() in {custom.source}");']
-    if ret == "void":
+    if custom.op.return_kind is ReturnKind.NONE:
         return [f"(void)({custom.body});"]
     if all(r.kind == "mutated" for r in custom.returns):
         return [f"(void)({custom.body});", f"return {_ret_expr(custom, [r.arg for r in custom.returns])};"]
@@ -416,7 +411,7 @@ def _compute_lines(custom: CustomOp) -> list[str]:
 def _meta_lines(custom: CustomOp) -> tuple[list[str], bool]:
     call = ", ".join(a.name for a in custom.op.args)
     if custom.body is not None:
-        return ([f"compute({call});"] if custom.op.returns_cpp == "void" else [f"return compute({call});"]), False
+        return ([f"compute({call});"] if custom.op.return_kind is ReturnKind.NONE else [f"return compute({call});"]), False
     if custom.meta_derivable:
         first = first_tensor(custom.op)
         items = [r.arg if r.kind == "mutated" else f"at::empty_like({first.name})" for r in custom.returns]
@@ -443,10 +438,10 @@ def render_kernel(custom: CustomOp) -> str:
         ]
         body.ret = f"kernels::device_view({arg}, result)"
     meta_lines, uses_empty_like = _meta_lines(custom)
-    return _env().get_template("custom_kernel.cpp.j2").render(
+    return jinja.environment().get_template("custom_kernel.cpp.j2").render(
         c=custom, device=custom.device, body=body, decl=lambda fn: declaration(custom, fn),
         compute_lines=_compute_lines(custom), meta_lines=meta_lines, meta_uses_empty_like=uses_empty_like,
-        returns_value=custom.op.returns_cpp != "void", call_args=", ".join(a.name for a in custom.op.args),
+        returns_value=custom.op.return_kind is not ReturnKind.NONE, call_args=", ".join(a.name for a in custom.op.args),
         headers=kernelgen.completing_headers(custom.op),
     )
 
@@ -480,7 +475,7 @@ def render_autograd(custom: CustomOp) -> str:
             load_lines.append(load)
             recompute.append(a.name)
     arg_types = [a.cpp_type for a in op.args]
-    return _env().get_template("custom_autograd.cpp.j2").render(
+    return jinja.environment().get_template("custom_autograd.cpp.j2").render(
         c=custom, cls=function_class(custom), decl=lambda fn: declaration(custom, fn),
         decl_args=lambda fn, first: op.signature.replace(" NAME(", f" {fn}({first}, ", 1).replace(", )", ")"),
         saved=saved, save_data=save_data, load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args),
@@ -491,7 +486,7 @@ def render_autograd(custom: CustomOp) -> str:
 
 def render_wrapper(custom: CustomOp, package: str) -> str:
     params, call = python_params(custom)
-    return _env().get_template("custom_wrapper.py.j2").render(c=custom, device=custom.device, package=package,
+    return jinja.environment().get_template("custom_wrapper.py.j2").render(c=custom, device=custom.device, package=package,
                                                               params=params, call=call)
 
 
@@ -501,7 +496,7 @@ def render_test(custom: CustomOp, package: str) -> str:
     kwargs = "{" + ", ".join(f'"{k.split("=", 1)[0]}": {k.split("=", 1)[1]}' for k in keywords) + "}"
     mutated = [a.name for a in custom.op.args if a.is_write]
     view_of = next((r.arg for r in custom.returns if r.kind == "view"), None)
-    return _env().get_template("test_custom_op.py.j2").render(
+    return jinja.environment().get_template("test_custom_op.py.j2").render(
         c=custom, device=custom.device, package=package, sample_args=args, sample_kwargs=kwargs,
         mutated=mutated, view_of=view_of, mutated_py=repr(mutated), view_of_py=repr(view_of), cls=function_class(custom),
     )

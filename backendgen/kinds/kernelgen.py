@@ -18,9 +18,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.project import manifest
+from backendgen.kinds import jinja
 from backendgen.plumbing.errors import CompositeOpError, UserError
-from backendgen.torchdb.opdb import Arg, ArgKind, Op, OpDB
+from backendgen.project import manifest
+from backendgen.torchdb.opdb import Arg, ArgKind, Op, OpDB, ReturnKind
 
 K = "kernels"  # the namespace of csrc/aten/kernel_support.h inside the device namespace
 
@@ -72,9 +73,9 @@ def plan_kernel(db: OpDB, requested: Op, *, features: frozenset[str] | None = No
         )
     elif requested.composite_implicit:
         raise CompositeOpError(
-            f"{requested.qualified} is CompositeImplicitAutograd: PyTorch decomposes it into other operators before a "
-            "backend sees it, so it needs no kernel; add the operators it decomposes into instead (run it on the device "
-            "with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
+            f"{requested.qualified} is CompositeImplicitAutograd: PyTorch decomposes it into other operators "
+            "before a backend sees it, so it needs no kernel; add the operators it decomposes into instead "
+            "(run it on the device with <DEVICE>_WARN_FALLBACK=1 to see which fall back to the CPU)"
         )
     view = is_view(target)
     if view:
@@ -111,7 +112,7 @@ def _aliased_argument(op: Op) -> Arg | None:
 def view_base(op: Op):
     """The argument (opdb.Arg) whose device memory `op`'s result views, after checking that a view
     kernel can serve `op`; a UserError with the reason otherwise."""
-    if op.returns_cpp not in ("at::Tensor", "::std::vector<at::Tensor>"):
+    if op.return_kind not in (ReturnKind.TENSOR, ReturnKind.TENSOR_LIST):
         raise UserError(f"{op.qualified} returns {op.returns_cpp} with views in it; backendgen writes view kernels "
                         "for operators returning one view (Tensor(a)) or a list of views (Tensor(a)[]) only")
     if not {"CPU", "CompositeExplicitAutograd"} & set(op.dispatch_keys):
@@ -166,7 +167,7 @@ def _functional(db: OpDB, target: Op) -> Op | None:
         if op.kind != "functional" or op.meta_args is None:
             continue
         plain_args = not any(a.kind.is_list for a in op.args)
-        tensors_out = op.returns_cpp == "at::Tensor" or re.fullmatch(r"::std::tuple<at::Tensor(,at::Tensor)+>", op.returns_cpp)
+        tensors_out = op.return_kind in (ReturnKind.TENSOR, ReturnKind.TUPLE_OF_TENSORS)
         if plain_args and tensors_out:
             return op
     return None
@@ -181,23 +182,6 @@ class Body:
     call: str
     epilogue: list[str]  # write mutated arguments back, move new results to the device
     ret: str | None
-
-
-def _split_tuple(cpp: str) -> list[str]:
-    inner = cpp[len("::std::tuple<") : -1]
-    parts, depth, cur = [], 0, ""
-    for ch in inner:
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur.strip())
-    return parts
 
 
 def cpu_args(op: Op) -> str:
@@ -264,7 +248,7 @@ def view_body(op: Op) -> Body:
         else:
             call_args.append(n)
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
-    if op.returns_cpp == "at::Tensor":
+    if op.return_kind is ReturnKind.TENSOR:
         return Body(setup, prelude, f"at::Tensor view = {call};", [], f"{K}::device_view({base}, view)")
     return Body(
         setup,
@@ -320,16 +304,16 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
         device_expr = "c10::Device(c10::DeviceType::PrivateUse1)"
     to_dev = f"const c10::Device result_device = {device_expr};"  # not `device`: an argument may be named so
     call = f"{callee or f'at::_ops::{op.ops_struct}::call'}({', '.join(call_args)})"
-    ret_cpp = op.returns_cpp
-    if ret_cpp == "void":
+    ret_cpp, kind = op.returns_cpp, op.return_kind
+    if kind is ReturnKind.NONE:
         return Body(setup, prelude, call + ";", epilogue, None)
-    if ret_cpp == "at::Tensor &":
+    if kind is ReturnKind.TENSOR_REF:
         return Body(setup, prelude, call + ";", epilogue, writes[0] if writes else None)
-    if ret_cpp.startswith("::std::tuple<") and "&" in ret_cpp:
+    if kind is ReturnKind.TUPLE_OF_REFS:
         return Body(setup, prelude, call + ";", epilogue, f"::std::forward_as_tuple({', '.join(writes)})")
-    if ret_cpp == "at::Tensor":
+    if kind is ReturnKind.TENSOR:
         return Body(setup, prelude, f"at::Tensor result = {call};", epilogue + [to_dev], f"{K}::to_device(result, result_device)")
-    if ret_cpp == "::std::vector<at::Tensor>":
+    if kind is ReturnKind.TENSOR_LIST:
         return Body(
             setup,
             prelude,
@@ -337,16 +321,16 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
             epilogue + [to_dev, f"for (auto& t : result) t = {K}::to_device(t, result_device);"],
             "result",
         )
-    if ret_cpp.startswith("::std::tuple<"):
-        parts = _split_tuple(ret_cpp)
-        items = [
-            f"{K}::to_device(::std::get<{i}>(result), result_device)" if p == "at::Tensor" else f"::std::get<{i}>(result)"
-            for i, p in enumerate(parts)
-        ]
-        if any("Tensor" in p and p != "at::Tensor" for p in parts):
+    if kind in (ReturnKind.TUPLE_OF_TENSORS, ReturnKind.TUPLE):
+        if any(k not in (ReturnKind.TENSOR, ReturnKind.VALUE) for k in op.return_items):
             raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
+        items = [
+            f"{K}::to_device(::std::get<{i}>(result), result_device)" if k is ReturnKind.TENSOR
+            else f"::std::get<{i}>(result)"
+            for i, k in enumerate(op.return_items)
+        ]
         return Body(setup, prelude, f"auto result = {call};", epilogue + [to_dev], f"{ret_cpp}({', '.join(items)})")
-    if "Tensor" in ret_cpp:
+    if kind is ReturnKind.OTHER_TENSOR:
         raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
     return Body(setup, prelude, f"auto result = {call};", epilogue, "result")
 
@@ -358,6 +342,8 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
 # equal), metadata changed in place (t_, squeeze_), random numbers drawn from a generator the host
 # reads (bernoulli_, dropout: the generator's state must advance in host order).
 _HOST_WAITS_TAGS = {"dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded"}
+_QUEUED_RETURNS = {ReturnKind.NONE, ReturnKind.TENSOR_REF, ReturnKind.TUPLE_OF_REFS, ReturnKind.TENSOR,
+                   ReturnKind.TENSOR_LIST, ReturnKind.TUPLE_OF_TENSORS}
 _QUEUED_ARGS = {ArgKind.TENSOR, ArgKind.MUTABLE_TENSOR, ArgKind.OPTIONAL_TENSOR, ArgKind.TENSOR_LIST,
                 ArgKind.OPTIONAL_TENSOR_LIST, ArgKind.VALUE}
 # What a queued kernel's closure keeps of a tensor argument (kernels::held's result type).
@@ -391,20 +377,7 @@ def queued(op: Op, *, features: frozenset[str] | None = None) -> bool:
         return False
     if any("Generator" in a.cpp_type for a in op.args):
         return False
-    return _return_kind(op) is not None and any(a.kind.holds_tensors for a in op.args)
-
-
-def _return_kind(op: Op) -> str | None:
-    ret = op.returns_cpp
-    if ret == "void" or ret == "at::Tensor &" or ret == "at::Tensor" or ret == "::std::vector<at::Tensor>":
-        return ret
-    if ret.startswith("::std::tuple<"):
-        parts = _split_tuple(ret)
-        if all(p == "at::Tensor" for p in parts):
-            return "tuple"
-        if all(p == "at::Tensor &" for p in parts):
-            return "tuple &"
-    return None
+    return op.return_kind in _QUEUED_RETURNS and any(a.kind.holds_tensors for a in op.args)
 
 
 @functools.lru_cache(maxsize=1)
@@ -462,28 +435,29 @@ def queued_body(op: Op) -> QueuedBody:
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
     # a written argument the operator would resize: the calling thread's path (write-back follows it)
     condition = " && ".join(f"{K}::same_geometry({n}, {n}_m)" for n in writes)
-    kind = _return_kind(op)
-    if kind in ("void", "at::Tensor &", "tuple &"):
-        ret = None if kind == "void" else writes[0] if kind == "at::Tensor &" else f"::std::forward_as_tuple({', '.join(writes)})"
+    kind = op.return_kind
+    if kind in (ReturnKind.NONE, ReturnKind.TENSOR_REF, ReturnKind.TUPLE_OF_REFS):
+        ret = (None if kind is ReturnKind.NONE else writes[0] if kind is ReturnKind.TENSOR_REF
+               else f"::std::forward_as_tuple({', '.join(writes)})")
         return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret, condition)
-    if kind == "at::Tensor":
+    if kind is ReturnKind.TENSOR:
         return QueuedBody(meta_decls + ["at::Tensor result_m;"], f"result_m = {meta_call}",
                           on_host + [f"at::Tensor result = {K}::empty_like_meta(result_m, run_on);"],
                           captures + [f"result_h = {K}::held(result)"],
                           [f"{K}::copy_result(result_h.get(), {call});"], "result")
-    if kind == "::std::vector<at::Tensor>":
+    if kind is ReturnKind.TENSOR_LIST:
         return QueuedBody(meta_decls + ["::std::vector<at::Tensor> result_m;"], f"result_m = {meta_call}",
                           on_host + [f"::std::vector<at::Tensor> result = {K}::empty_like_meta(result_m, run_on);"],
                           captures + [f"result_h = {K}::held(at::TensorList(result))"],
                           [f"{K}::copy_result(result_h.get(), {call});"], "result")
-    parts = _split_tuple(op.returns_cpp)
+    n = len(op.return_items)  # a tuple of tensors (queued() admits no other)
     on_host = on_host + [f"at::Tensor result{i} = {K}::empty_like_meta(::std::get<{i}>(result_m), run_on);"
-                         for i in range(len(parts))]
-    captures = captures + [f"result{i}_h = {K}::held(result{i})" for i in range(len(parts))]
+                         for i in range(n)]
+    captures = captures + [f"result{i}_h = {K}::held(result{i})" for i in range(n)]
     work = [f"auto result = {call};"] + [f"{K}::copy_result(result{i}_h.get(), ::std::get<{i}>(result));"
-                                        for i in range(len(parts))]
+                                        for i in range(n)]
     return QueuedBody(meta_decls + [f"{op.returns_cpp} result_m;"], f"result_m = {meta_call}", on_host, captures,
-                      work, f"{op.returns_cpp}({', '.join(f'result{i}' for i in range(len(parts)))})")
+                      work, f"{op.returns_cpp}({', '.join(f'result{i}' for i in range(n))})")
 
 
 def _queued_functional(f: Op, out: Op) -> QueuedBody:
@@ -493,7 +467,7 @@ def _queued_functional(f: Op, out: Op) -> QueuedBody:
     (the CPU's kernel, into outputs of the right size)."""
     captures = [f"{a.name} = {K}::{'held' if a.kind.holds_tensors else 'keep'}({a.name})" for a in f.args]
     passed = {a.name: (f"{a.name}.get()" if a.kind.holds_tensors else f"{K}::pass({a.name})") for a in f.args}
-    outputs = 1 if f.returns_cpp == "at::Tensor" else len(_split_tuple(f.returns_cpp))
+    outputs = len(f.return_items)  # one tensor or a tuple of tensors (_functional)
     written = iter(range(outputs))
     out_args = [f"result{next(written)}_h.get()" if a.is_write else passed[a.name] for a in out.args]
     call = f"at::_ops::{out.ops_struct}::call({', '.join(out_args)})"
@@ -528,7 +502,7 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
     f = plan.functional
     if f is None:
         return None
-    outputs = 1 if f.returns_cpp == "at::Tensor" else len(_split_tuple(f.returns_cpp))
+    outputs = len(f.return_items)  # one tensor or a tuple of tensors (_functional)
     moved = [f"std::move(op.device[{i}])" for i in range(outputs)]
     ret = moved[0] if outputs == 1 else f"{f.returns_cpp}({', '.join(moved)})"
     host_args = [f"{K}::host_alias({a.name})" if a.kind.host_aliased else a.name for a in f.args]
@@ -558,30 +532,6 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
-def _env(ops_dir: Path | None = None):
-    """The jinja environment of the kernel templates: the installed template's `ops/`, or `ops_dir`
-    (an earlier template's, for backendgen update's base of a kernel file)."""
-    from backendgen.project.render import template_dir
-
-    return _env_for(Path(ops_dir) if ops_dir is not None else template_dir() / "ops")
-
-
-@functools.lru_cache(maxsize=4)
-def _env_for(directory: Path):
-    import jinja2
-
-    from backendgen.project.render import bytecode_cache
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(directory)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        bytecode_cache=bytecode_cache(),
-    )
-
-
 def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
@@ -607,7 +557,7 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         headers.append(f"ATen/ops/{op.root}_meta_dispatch.h")
     if functional is not None and functional.queued:
         headers.append(f"ATen/ops/{plan.functional.root}_meta.h")
-    return _env(ops_dir).get_template("kernel.cpp.j2").render(
+    return jinja.environment(ops_dir).get_template("kernel.cpp.j2").render(
         queued=launch,
         stream_scope=stream_scope_line(op),
         device=device,
@@ -663,7 +613,7 @@ def opinfo_hints(op: Op) -> list[str]:
 
 def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Path | None = None) -> str:
     op = plan.target
-    return _env(ops_dir).get_template("test_op.py.j2").render(
+    return jinja.environment(ops_dir).get_template("test_op.py.j2").render(
         device=device,
         op=op,
         plan=plan,
@@ -675,4 +625,4 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Pat
 
 
 def render_harness(*, device: str, registration_file: str, ops_dir: Path | None = None) -> str:
-    return _env(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)
+    return jinja.environment(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backendgen.kinds.customop import AUTOGRAD_DIR, _camel, saved_argument
+from backendgen.kinds import jinja
+from backendgen.kinds.customop import kind_path, saved_argument
 from backendgen.plumbing.errors import UserError
 from backendgen.torchdb.opdb import ArgKind, Op
-from backendgen.project.on_disk import PATHS
 
 
 NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
@@ -34,11 +34,11 @@ class Override:
 
     @property
     def source(self) -> str:
-        return f"{AUTOGRAD_DIR}/{self.stem}.cpp"
+        return f"{kind_path('autograd')}/{self.stem}.cpp"
 
     @property
     def test(self) -> str:
-        return f"{PATHS['kernel_tests']}/test_autograd_{self.stem}.py"
+        return f"{kind_path('kernel_tests')}/test_autograd_{self.stem}.py"
 
     @property
     def files(self) -> list[str]:
@@ -50,7 +50,7 @@ class Override:
 
     @property
     def cls(self) -> str:
-        return _camel(self.stem).replace("Function", "Backward")
+        return jinja.camel(self.stem).replace("Function", "Backward")
 
     @property
     def declaration(self) -> str:
@@ -101,7 +101,7 @@ def render(ov: Override, *, torch_version: str) -> str:
             load_lines.append(load)
             recompute.append(a.name)
     forward_decl = op.signature.replace(f" {op.cpp_name}(", " forward(torch::autograd::AutogradContext* ctx, ", 1)
-    return customop._env().get_template("autograd_override.cpp.j2").render(
+    return jinja.environment().get_template("autograd_override.cpp.j2").render(
         op=op, device=ov.device, torch_version=torch_version, namespace=ov.namespace, cls=ov.cls, source=ov.source,
         forward_decl=forward_decl, kernel_decl=ov.declaration, saved=saved, save_data=save_data,
         load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args), recompute_args=", ".join(recompute),
@@ -110,8 +110,8 @@ def render(ov: Override, *, torch_version: str) -> str:
 
 
 def render_test(ov: Override) -> str:
-    from backendgen.kinds import customop, kernelgen
+    from backendgen.kinds import kernelgen
 
-    return customop._env().get_template("test_autograd_override.py.j2").render(
+    return jinja.environment().get_template("test_autograd_override.py.j2").render(
         op=ov.op, device=ov.device, cls=ov.cls, source=ov.source, hints=kernelgen.opinfo_hints(ov.op),
     )

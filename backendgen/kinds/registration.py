@@ -1,4 +1,4 @@
-"""The generated registration file, `csrc/aten/ops/generated/registration.cpp` (project.REGISTRATION_FILE).
+"""The generated registration file, `csrc/aten/ops/generated/registration.cpp` (Project.registration_file).
 
 It holds the `m.impl` of every kernel add-op wrote, the CPU fallback registered by name for the
 operators that need it, the backend's own operators (`m.def` and their kernels), the autograd
@@ -13,9 +13,10 @@ from __future__ import annotations
 from backendgen.project import amp
 from backendgen.kinds import customop
 from backendgen.plumbing.errors import ProjectError
+from backendgen.kinds import jinja
 from backendgen.plumbing.files import sha256_text
 from backendgen.torchdb.opdb import OpDB
-from backendgen.project.on_disk import REGISTRATION_FILE, Project, Transaction
+from backendgen.project.on_disk import Project, Transaction
 
 _SEAL = "// backendgen sha256: "
 
@@ -26,8 +27,6 @@ def render(entries: list[dict] = (), *, device: str, fallbacks: list[str] = (), 
     by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
     backend's own operators (`custom`: customop.CustomOp), autograd overrides (`overrides`:
     overrides.Override) and the autocast table (`amp`: (operator, policy) pairs); then the seal."""
-    from backendgen.kinds.kernelgen import _env
-
     entries = sorted(entries, key=lambda e: e["name"])
     custom = sorted(custom, key=lambda c: c.name)
     custom_view = [
@@ -39,7 +38,7 @@ def render(entries: list[dict] = (), *, device: str, fallbacks: list[str] = (), 
              for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
     overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
                       for o in sorted(overrides, key=lambda o: o.op.name)]
-    text = _env().get_template("registration.cpp.j2").render(
+    text = jinja.environment().get_template("registration.cpp.j2").render(
         device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
         custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
         mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
@@ -86,17 +85,17 @@ def text(project: Project, db: OpDB) -> str:
 
 def needs_rewrite(project: Project, db: OpDB) -> bool:
     """Whether the file must be (re)written; refuses to touch one edited by hand."""
-    path = project.root / REGISTRATION_FILE
+    path = project.root / project.registration_file
     if not path.exists():
         return True
     current = path.read_text(errors="replace")
     if not is_pristine(current):
         raise ProjectError(
-            f"{REGISTRATION_FILE} was edited by hand and backendgen rewrites it; move your own registrations "
+            f"{project.registration_file} was edited by hand and backendgen rewrites it; move your own registrations "
             "to a file of yours, then delete it and run the command again"
         )
     return current != text(project, db)
 
 
 def write(project: Project, db: OpDB, tx: Transaction) -> None:
-    tx.write(project.root / REGISTRATION_FILE, text(project, db))
+    tx.write(project.root / project.registration_file, text(project, db))

@@ -5,8 +5,8 @@ object per line on stdout, each as soon as it is known: {"py_apis": {path: prese
 {op: {"recorded" or "recorded_error", "live"}}}, then {"load": ...}: importing the backend's
 package either failed ({"ok": false, "type", "message"}) or registered its kernels ({"ok": true,
 "dangling", "registered", "kernels", "keyed", "backend_name"}), then {"device_module": {name:
-present}}: which of the attributes torch reads (dotted names) torch.<device> has. A library that aborts the process on load
-leaves the first two lines, and its stderr, to say so.
+present}}: which of the attributes torch reads (dotted names) torch.<device> has. A library that
+aborts the process on load leaves the first two lines, and its stderr, to say so.
 """
 
 import json

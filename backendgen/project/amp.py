@@ -8,26 +8,27 @@ template has the manifest's feature `amp_table` have it; older ones keep their l
 
 from __future__ import annotations
 
-from backendgen.project import manifest
 from backendgen.plumbing.errors import ProjectError, UserError
+from backendgen.project import manifest
 
 # PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
 POLICIES = {
-    "lower_precision_fp": "floating-point arguments in the autocast dtype (float16 unless torch.autocast is given another, as PyTorch defaults for PrivateUse1)",
+    "lower_precision_fp": "floating-point arguments in the autocast dtype "
+                          "(float16 unless torch.autocast is given another, as PyTorch defaults for PrivateUse1)",
     "fp32": "floating-point arguments in float32",
     "promote": "floating-point arguments in the widest floating-point type among them",
     "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",
     "none": "not in the table: the operator runs in the dtypes it is given",
 }
-TEST_FILE = manifest.load().path("amp_tests")
 
 
 def check_supported(template_version: int) -> None:
     tpl = manifest.load()
     if "amp_table" not in tpl.features_of(template_version):
         raise ProjectError(
-            f"this project is from template {template_version}: its autocast table is the list in csrc/aten/autocast.cpp "
-            f"(edit it there); `backendgen amp` needs template {tpl.feature('amp_table').since} or newer: run backendgen update"
+            f"this project is from template {template_version}: its autocast table is the list in "
+            f"csrc/aten/autocast.cpp (edit it there); `backendgen amp` needs template "
+            f"{tpl.feature('amp_table').since} or newer: run backendgen update"
         )
 
 

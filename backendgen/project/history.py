@@ -37,8 +37,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from backendgen.project import manifest, template_tree
 from backendgen.plumbing.errors import UserError
+from backendgen.project import manifest, template_tree
 
 HISTORY_DIR = Path(__file__).resolve().parent.parent / "template_history"
 STORE = HISTORY_DIR / "states.tar.xz"
@@ -65,7 +65,27 @@ def current_version() -> int:
     return manifest.load().template_version
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
+def paths_of(version: int) -> dict[str, str]:
+    """Where things live in a project of template `version`: the "paths" of that version's manifest
+    (its last stored state's template.json; the installed one for the current version). A key an older
+    manifest lacks (templates before 8 had no "paths"; "model_tests" came in 9) names where the current
+    template puts it (such a project has no such file; callers look before they use it)."""
+    current = manifest.load()
+    if version == current.template_version:
+        return dict(current.paths)
+    stored = states(version)
+    digest = dict(stored[-1].files).get(manifest.MANIFEST_FILE) if stored else None
+    old = {}
+    if digest is not None:
+        try:
+            old = json.loads(blob(digest)).get("paths") or {}
+        except (ValueError, AttributeError) as e:
+            raise UserError(f"{STORE}'s manifest of template {version} is damaged ({e}); reinstall backendgen") from None
+    return {**current.paths, **old}
+
+
+@functools.cache
 def current_state() -> str:
     """The state hash of the installed template (the same for an editable and a wheel install)."""
     return template_tree.state_hash(manifest.template_dir())
@@ -181,7 +201,7 @@ def git_states(repo: Path, current: int) -> list[dict]:
     head = _git(repo, "rev-parse", "HEAD:template").decode().strip()
     first: dict[str, str] = {}
     last: dict[str, int] = {}
-    for i, (commit, tree) in enumerate(zip(commits, trees)):
+    for i, (commit, tree) in enumerate(zip(commits, trees, strict=True)):
         first.setdefault(tree, commit)
         last[tree] = i
     found = []

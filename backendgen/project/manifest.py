@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backendgen.plumbing.errors import UserError
+from backendgen.plumbing.errors import EnvironmentProblem, UserError
 
 MANIFEST_FILE = "template.json"
 
@@ -188,11 +188,20 @@ def read(template: Path) -> dict:
     return json.loads((template / MANIFEST_FILE).read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(template: Path) -> Manifest:
-    return parse(read(template))
+    path = template / MANIFEST_FILE
+    try:
+        return parse(read(template))
+    except OSError as e:
+        raise EnvironmentProblem(f"cannot read backendgen's template manifest {path}: {e.strerror}; "
+                                 "reinstall backendgen") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise EnvironmentProblem(f"backendgen's template manifest {path} is broken ({type(e).__name__}: {e}); "
+                                 "reinstall backendgen") from None
 
 
 def load() -> Manifest:
-    """The installed template's manifest (read once per process)."""
+    """The installed template's manifest (read once per process, when a command first needs it:
+    nothing reads it at import, so a broken one fails that command with one line, not the CLI)."""
     return _load(template_dir())

@@ -20,15 +20,10 @@ from backendgen.project import record as metadata
 from backendgen.project.record import OpRecord, OverrideRecord, OwnOpRecord, Record
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
+from backendgen.project import history
 
 METADATA_FILE = "backendgen.json"
 LOCK_FILE = ".backendgen.lock"
-# where things live in a project: the template's manifest says (template/template.json "paths")
-PATHS = manifest.load().paths
-REGISTRATION_FILE = PATHS["registration"]  # every add-op kernel's m.impl, generated
-COMPILE_TESTS = PATHS["compile_tests"]  # torch.compile on the device (opt-in: pytest -m compile)
-DISTRIBUTED_TESTS = PATHS["distributed_tests"]  # the collective backend on 2 and 4 processes (opt-in: pytest -m distributed)
-MODEL_TESTS = PATHS["model_tests"]  # real architectures trained against the CPU (opt-in: pytest -m models)
 
 
 @dataclass
@@ -58,8 +53,15 @@ class Project:
 
     @property
     def paths(self) -> dict[str, str]:
-        """Where things live in this project (the manifest's "paths")."""
-        return PATHS
+        """Where things live in this project: the "paths" of its own template version's manifest
+        (backendgen.project.history.paths_of), e.g. "registration" (every add-op kernel's m.impl,
+        generated), "compile_tests", "distributed_tests", "model_tests" (the opt-in suites)."""
+        return history.paths_of(self.template_version)
+
+    @property
+    def registration_file(self) -> str:
+        """The generated registration file, relative to the root (backendgen.kinds.registration)."""
+        return self.paths["registration"]
 
     @property
     def features(self) -> frozenset[str]:
@@ -151,7 +153,8 @@ class Project:
             raise ProjectError(f"{root} is not a directory")
         if not path.is_file():
             raise NotAProjectError(
-                f"{root} is not a backendgen project (no {METADATA_FILE}); run inside a generated project or pass --project DIR"
+                f"{root} is not a backendgen project (no {METADATA_FILE}); "
+                "run inside a generated project or pass --project DIR"
             )
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -30,7 +30,8 @@ def is_ignored(rel: str) -> bool:
 
 
 def paths(root: Path) -> list[str]:
-    """The template's files under `root` (relative, `/`-separated, sorted); symlinks are followed as cookiecutter does."""
+    """The template's files under `root` (relative, `/`-separated, sorted); symlinks are followed as
+    cookiecutter does."""
     root = Path(root)
     out = []
     for path in root.rglob("*"):

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,60 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backendgen.plumbing import faults, interrupt
-from backendgen.project import manifest
-from backendgen.plumbing.environment import installed_torch, subprocess_env
+from backendgen.plumbing.environment import installed_torch
 from backendgen.plumbing.errors import BuildError, EnvironmentProblem, TestFailure
 from backendgen.plumbing.files import replacing, sha256_of, write_atomic, writes
 from backendgen.plumbing.textenum import TextEnum
+from backendgen.project import manifest
+from backendgen.toolchain import processes
 
 LOG_DIR = "build"
-
-
-def _env(autoload: str | None = "0", root: Path | None = None) -> dict[str, str]:
-    """The environment of the build's processes (autoload off: a stale build must not load into the
-    build itself), or the project's tests' (`_test_env`). With the project's `root`, ccache reads
-    paths inside the project as relative ones (CCACHE_BASEDIR; the template's unity files include
-    their sources by relative path), so a copy or a move of a project is served from the cache."""
-    env = subprocess_env(autoload=autoload)
-    if root is not None:
-        env.setdefault("CCACHE_BASEDIR", str(root.resolve()))
-    env.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
-    env.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-    masq = ccache_dir()
-    if masq is not None:
-        env["PATH"] = f"{masq}{os.pathsep}{env.get('PATH', '')}"
-    elif os.environ.get("BACKENDGEN_NO_CCACHE"):
-        env["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch's cpp_extension prepends a ccache it finds on PATH itself
-    return env
-
-
-def _find_ccache() -> str | None:
-    found = shutil.which("ccache")
-    if found:
-        return found
-    candidate = Path(sys.executable).parent / "ccache"
-    return str(candidate) if candidate.is_file() else None
-
-
-def ccache_dir() -> Path | None:
-    """A directory of compiler names linked to ccache (its masquerade mode), or None without ccache."""
-    if os.environ.get("BACKENDGEN_NO_CCACHE"):
-        return None
-    ccache = _find_ccache()
-    if ccache is None:
-        return None
-    from backendgen.torchdb.opdb import cache_dir
-
-    d = cache_dir() / "ccache-bin"
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        for name in ("c++", "g++", "cc", "gcc"):
-            link = d / name
-            if not link.exists():
-                link.symlink_to(ccache)
-    except OSError:
-        return None
-    return d
 
 
 def check_toolchain() -> None:
@@ -119,17 +73,6 @@ def first_error(text: str) -> str | None:
         if _ERROR.search(line) and "warning:" not in line:
             return line.strip()[:400]
     return None
-
-
-def _run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as fh:
-        fh.write("$ " + " ".join(cmd) + "\n")
-        fh.flush()
-        # in a process group of its own, stopped with everything under it if this command is interrupted
-        proc = interrupt.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             phase="build:child")
-    return proc
 
 
 def check_installable() -> None:
@@ -209,8 +152,8 @@ BUILT = Path(LOG_DIR) / "backendgen-built.json"
 
 
 def _metadata_entries(root: Path) -> list[str] | None:
-    from backendgen.project import record as metadata
     from backendgen.plumbing.errors import ProjectError
+    from backendgen.project import record as metadata
 
     try:
         data = json.loads((root / "backendgen.json").read_text())
@@ -233,7 +176,7 @@ def built_entries(root: Path) -> list[str] | None:
 
 def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow_fast: bool) -> BuildOutcome:
     log = root / LOG_DIR / "backendgen-build.log"
-    env = _env(root=root)
+    env = processes.build_env(root=root)
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
     why = (Stale.NOT_INSTALLED if not installed
            else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None)
@@ -249,7 +192,7 @@ def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow
     # another torch: through pip, which also rewrites the installed metadata's `torch==` pin (setup.py)
     if incremental and installed and why is not Stale.TORCH:
         csrc = _csrc_files(root)
-        proc = _run([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
+        proc = processes.logged([sys.executable, "setup.py", "build_ext", "--inplace"], root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
         return BuildOutcome(log, How.SETUP_PY, why)
@@ -257,7 +200,7 @@ def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow
         check_installable()
         csrc = _csrc_files(root)
         # -v: the log gets setuptools' output, the link command included
-        proc = _run([sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "-e", str(root)],
+        proc = processes.logged([sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "-e", str(root)],
                     root, log, env)
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
@@ -419,7 +362,7 @@ class BuildRecord:
         a running process may have it mapped)."""
         ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
         jobs = env.get("MAX_JOBS") or str(os.cpu_count() or 2)
-        proc = _run([ninja, "-C", str(root / self.data["ninja_dir"]), "-j", jobs], root, log, env)
+        proc = processes.logged([ninja, "-C", str(root / self.data["ninja_dir"]), "-j", jobs], root, log, env)
         _raise_if_failed(proc, log)
         library = root / self.library
         objects = [root / a for a in self.data["link"] if a.endswith(".o")]
@@ -467,7 +410,7 @@ def installed_from(root: Path, dist_name: str) -> bool:
 def uninstall(dist_name: str) -> None:
     """`pip uninstall -y dist_name` in this Python."""
     proc = interrupt.run([sys.executable, "-m", "pip", "uninstall", "-y", dist_name], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=_env())
+                         stdin=subprocess.DEVNULL, env=processes.build_env())
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
         raise EnvironmentProblem(f"could not uninstall {dist_name} ({why}); run {sys.executable} -m pip uninstall {dist_name}")
@@ -513,14 +456,6 @@ def skipped_tests(log: Path) -> list[Skipped]:
     return [Skipped(int(m.group(1)), m.group(2), m.group(3).strip()) for m in map(_SKIPPED.match, text.splitlines()) if m]
 
 
-def _test_env(autoload: str | None = None) -> dict[str, str]:
-    """The environment the project's tests run in: autoload unset (they use the backend as a user
-    would), or `autoload` while pytest waits for a build (build.tests_started_early)."""
-    env = _env(autoload=autoload)
-    env.pop("PYTEST_ADDOPTS", None)
-    return env
-
-
 def _raise_if_tests_failed(returncode: int, log: Path) -> None:
     if returncode == 0:
         return
@@ -537,7 +472,7 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test",
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     select = ["-m", marker] if marker else []
-    proc = _run([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, _test_env())
+    proc = processes.logged([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, processes.test_env())
     _raise_if_tests_failed(proc.returncode, log)
     return log
 
@@ -558,7 +493,7 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
-        proc = interrupt.popen(cmd, cwd=root, env=_test_env(autoload="0"), stdin=subprocess.PIPE,
+        proc = interrupt.popen(cmd, cwd=root, env=processes.test_env(autoload="0"), stdin=subprocess.PIPE,
                                stdout=fh, stderr=subprocess.STDOUT, text=True)
 
     def run() -> Path:
@@ -635,14 +570,14 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
     auditwheel = check_wheel_tools()
     check_toolchain()
     log = root / LOG_DIR / "backendgen-wheel.log"
-    env = _env(root=root)
+    env = processes.build_env(root=root)
     env.pop(torch_label_env(device), None)
     if torch_label:
         env[torch_label_env(device)] = "1"
     (root / LOG_DIR).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wheel-", dir=root / LOG_DIR))
     try:
-        proc = _run([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+        proc = processes.logged([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
                      "-w", str(work / "raw"), str(root)], root, log, env)
         _raise_if_failed(proc, log)
         raw = sorted((work / "raw").glob("*.whl"))

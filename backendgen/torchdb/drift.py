@@ -8,8 +8,8 @@ still compiles; argument names do not.
 
 from __future__ import annotations
 
-from backendgen.torchdb.opdb import Op
 from backendgen.plumbing.textenum import TextEnum
+from backendgen.torchdb.opdb import Op
 
 
 class Drift(TextEnum):

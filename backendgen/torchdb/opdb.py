@@ -16,12 +16,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backendgen.torchdb import support
 from backendgen.plumbing.environment import installed_torch
 from backendgen.plumbing.errors import EnvironmentProblem, UnknownOpError, UserError
 from backendgen.plumbing.files import sha256_of, write_atomic
+from backendgen.torchdb import support
 
-CACHE_FORMAT = 8
+CACHE_FORMAT = 9
 _OP_NAME = re.compile(r"^(?:aten::)?([A-Za-z_][A-Za-z0-9_]*)(?:\.([A-Za-z_][A-Za-z0-9_]*))?$")
 
 
@@ -94,8 +94,17 @@ class ArgKind(str, enum.Enum):
 
 def arg_kind(ctype) -> ArgKind:
     """The kind of a dispatcher argument of torchgen C++ type `ctype` (a `torchgen.api.types.CType`)."""
-    from torchgen.api.types import (BaseCType, ConstRefCType, ListCType, MutRefCType, OptionalCType, deviceT,
-                                    iTensorListRefT, tensorListT, tensorT)
+    from torchgen.api.types import (
+        BaseCType,
+        ConstRefCType,
+        ListCType,
+        MutRefCType,
+        OptionalCType,
+        deviceT,
+        iTensorListRefT,
+        tensorListT,
+        tensorT,
+    )
 
     tensor = BaseCType(tensorT)
     kinds = {
@@ -114,6 +123,56 @@ def arg_kind(ctype) -> ArgKind:
     if "Tensor" in spelled:
         return ArgKind.OTHER_TENSOR
     return ArgKind.OTHER_DEVICE if "Device" in spelled else ArgKind.VALUE
+
+
+class ReturnKind(str, enum.Enum):
+    """What an operator returns to the code generators (kernelgen, customop), decided once from
+    torchgen's C++ return types: each return's (`return_item_kind`, `Op.return_items`) and the whole
+    return's (`Op.return_kind`). Generators branch on it, never on a C++ spelling."""
+
+    NONE = "none"  # void: the schema returns ()
+    TENSOR = "tensor"  # at::Tensor: a new tensor (or a view of an argument)
+    TENSOR_REF = "tensor_ref"  # at::Tensor &: a written argument (in-place self, out=)
+    TENSOR_LIST = "tensor_list"  # ::std::vector<at::Tensor>
+    TUPLE_OF_TENSORS = "tuple_of_tensors"  # ::std::tuple<at::Tensor, at::Tensor, …>
+    TUPLE_OF_REFS = "tuple_of_refs"  # ::std::tuple<at::Tensor &, at::Tensor &, …>: the written out= arguments
+    TUPLE = "tuple"  # any other tuple (tensors beside numbers, …): see Op.return_items
+    OTHER_TENSOR = "other_tensor"  # a tensor in another form (const at::Tensor &, …): not supported
+    VALUE = "value"  # numbers, Scalars, bools, …: returned as they are
+
+
+def return_item_kind(ctype) -> ReturnKind:
+    """The kind of one return of torchgen C++ type `ctype` (`torchgen.api.cpp.return_type`): TENSOR,
+    TENSOR_REF, TENSOR_LIST, OTHER_TENSOR or VALUE."""
+    from torchgen.api.types import BaseCType, MutRefCType, VectorCType, tensorT
+
+    tensor = BaseCType(tensorT)
+    kinds = {tensor: ReturnKind.TENSOR, MutRefCType(tensor): ReturnKind.TENSOR_REF,
+             VectorCType(tensor): ReturnKind.TENSOR_LIST}
+    if ctype in kinds:
+        return kinds[ctype]
+    return ReturnKind.OTHER_TENSOR if "Tensor" in ctype.cpp_type() else ReturnKind.VALUE
+
+
+def return_items(returns) -> tuple[ReturnKind, ...]:
+    """The kinds of torchgen `returns` (a schema's `func.returns`), in the generators' current
+    torchgen context (`use_const_ref_for_mutable_tensors` changes what a written tensor is)."""
+    from torchgen.api import cpp
+
+    return tuple(return_item_kind(cpp.return_type(r, symint=True)) for r in returns)
+
+
+def combined_return_kind(items: tuple[ReturnKind, ...]) -> ReturnKind:
+    """The kind of a whole return made of `items` (each a `return_item_kind`)."""
+    if not items:
+        return ReturnKind.NONE
+    if len(items) == 1:
+        return items[0]
+    if all(k is ReturnKind.TENSOR for k in items):
+        return ReturnKind.TUPLE_OF_TENSORS
+    if all(k is ReturnKind.TENSOR_REF for k in items):
+        return ReturnKind.TUPLE_OF_REFS
+    return ReturnKind.TUPLE
 
 
 @dataclass(frozen=True)
@@ -151,6 +210,7 @@ class Op:
     signature: str  # "at::Tensor & mul_out_out(const at::Tensor & self, …)"
     returns_cpp: str
     returns: tuple[str, ...]  # schema return types, "Tensor", "Tensor(a!)", "Tensor[]", "Scalar", …
+    return_items: tuple[ReturnKind, ...]  # what each return is to a generated kernel (from torchgen's C++ type)
     args: tuple[Arg, ...]
     structured: bool
     structured_delegate: str | None
@@ -182,6 +242,11 @@ class Op:
         return f"{self.namespace}::{self.name}"
 
     @property
+    def return_kind(self) -> ReturnKind:
+        """What the operator returns as a whole (generators branch on it, never on `returns_cpp`)."""
+        return combined_return_kind(self.return_items)
+
+    @property
     def lacks_cpu_kernel(self) -> bool:
         """Nothing the CPU fallback could run for it: native_functions.yaml dispatches it to no CPU
         kernel and it has no composite kernel (CUDA-only operators such as `_thnn_fused_lstm_cell`,
@@ -197,7 +262,8 @@ class Op:
 
 def _derive_ops(info: TorchInfo) -> list[Op]:
     try:
-        from torchgen.api import meta as meta_api, native, structured
+        from torchgen.api import meta as meta_api
+        from torchgen.api import native, structured
         from torchgen.api.translate import translate
         from torchgen.api.types import DispatcherSignature
         from torchgen.context import native_function_manager
@@ -263,6 +329,7 @@ def _derive_ops(info: TorchInfo) -> list[Op]:
                     signature=sig.defn(name=cpp_name),
                     returns_cpp=sig.returns_type().cpp_type(),
                     returns=tuple(str(r.type) + (f"({r.annotation})" if r.annotation else "") for r in f.func.returns),
+                    return_items=return_items(f.func.returns),
                     args=tuple(args),
                     structured=bool(f.structured),
                     structured_delegate=str(f.structured_delegate) if f.structured_delegate else None,
@@ -297,6 +364,7 @@ def cache_dir() -> Path:
 def _op_from_json(d: dict) -> Op:
     d = dict(d)
     d["args"] = tuple(Arg(**{**a, "kind": ArgKind(a["kind"]), "alias_set": tuple(a["alias_set"])}) for a in d["args"])
+    d["return_items"] = tuple(ReturnKind(k) for k in d["return_items"])
     for k in ("returns", "dispatch_keys", "tags"):
         d[k] = tuple(d[k])
     if d.get("meta_args") is not None:

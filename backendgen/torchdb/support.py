@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from backendgen.project import manifest
 from backendgen.plumbing.errors import EnvironmentProblem
+from backendgen.project import manifest
 
 
 def tested() -> tuple[str, ...]:
