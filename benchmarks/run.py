@@ -49,7 +49,9 @@ def _time(cmd, cwd=None, env=None) -> float:
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if out.returncode != 0:
-        raise SystemExit(f"benchmark command failed: {' '.join(map(str, cmd))}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        raise SystemExit(
+            f"benchmark command failed: {' '.join(map(str, cmd))}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        )
     return elapsed
 
 
@@ -201,14 +203,31 @@ def small_op_instructions(device: str, env: dict, n: int = 2000) -> dict[str, fl
     for side in ("device", "cpu"):
         with tempfile.TemporaryDirectory() as d:
             out = Path(d) / "callgrind.out"
-            subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                            "--toggle-collect=torch::autograd::THPVariable_add(*", f"--callgrind-out-file={out}",
-                            sys.executable, "-c", INSTR_BENCH, device, side, str(n)],
-                           env=env, capture_output=True, check=True)
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--instr-atstart=no",
+                    "--toggle-collect=torch::autograd::THPVariable_add(*",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    "-c",
+                    INSTR_BENCH,
+                    device,
+                    side,
+                    str(n),
+                ],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
             totals = [line for line in out.read_text().splitlines() if line.startswith(("totals:", "summary:"))]
             per_op[side] = int(totals[-1].split()[1]) / n
-    return {"small_op_instr_device": per_op["device"], "small_op_instr_cpu": per_op["cpu"],
-            "small_op_instr_ratio": per_op["device"] / per_op["cpu"]}
+    return {
+        "small_op_instr_device": per_op["device"],
+        "small_op_instr_cpu": per_op["cpu"],
+        "small_op_instr_ratio": per_op["device"] / per_op["cpu"],
+    }
 
 
 def render_instructions(device: str, work: Path, env: dict) -> dict[str, float]:
@@ -219,9 +238,17 @@ def render_instructions(device: str, work: Path, env: dict) -> dict[str, float]:
     dest = work / f"i{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "callgrind.out"
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                        *_bg("new", device + "i", "-o", str(dest), "--no-build")],  # not the installed one's name
-                       env=env, capture_output=True, check=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                *_bg("new", device + "i", "-o", str(dest), "--no-build"),
+            ],  # not the installed one's name
+            env=env,
+            capture_output=True,
+            check=True,
+        )
         totals = [line for line in out.read_text().splitlines() if line.startswith(("totals:", "summary:"))]
     shutil.rmtree(dest, ignore_errors=True)
     return {"render_instr_G": int(totals[-1].split()[1]) / 1e9}
@@ -231,12 +258,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "latest.json")
-    ap.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts (about a minute and a half)")
-    ap.add_argument("--compile-only", action="store_true",
-                    help="only torch.compile's figures: compiled vs eager on the device (a build and a minute)")
-    ap.add_argument("--only", metavar="PARTS", type=_parts,
-                    help="only these device figures, comma-separated: small (the synchronized small-op round trip), "
-                         "fallback (a 1M-float operator through the CPU fallback); a build and seconds")
+    ap.add_argument(
+        "--no-instructions", action="store_true", help="skip the callgrind counts (about a minute and a half)"
+    )
+    ap.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only torch.compile's figures: compiled vs eager on the device (a build and a minute)",
+    )
+    ap.add_argument(
+        "--only",
+        metavar="PARTS",
+        type=_parts,
+        help="only these device figures, comma-separated: small (the synchronized small-op round trip), "
+        "fallback (a 1M-float operator through the CPU fallback); a build and seconds",
+    )
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
     work = Path(tempfile.mkdtemp(prefix="backendgen-bench-"))
@@ -254,8 +290,10 @@ def main() -> None:
         else:
             # the machine's speed today: every figure below scales with these (none has a target)
             res["ref_python_start_s"] = _median(lambda: _time([sys.executable, "-c", "pass"]), 5)
-            res["ref_import_torch_s"] = _median(lambda: _time([sys.executable, "-c", "import torch"],
-                                                              env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")), 3)
+            res["ref_import_torch_s"] = _median(
+                lambda: _time([sys.executable, "-c", "import torch"], env=dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0")),
+                3,
+            )
             res["help_s"] = _median(lambda: _time(_bg("--help")), max(args.runs, 5))
 
             def render():
@@ -270,16 +308,28 @@ def main() -> None:
             _time(_bg("new", device, "-o", str(root), "--no-build"))
             cold_env = dict(env, BACKENDGEN_NO_CCACHE="1", TORCH_NO_COMPILER_WRAPPER="1")
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", f"from backendgen import build; from pathlib import Path; "
-                            f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)"],
-                           env=cold_env, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    f"from backendgen import build; from pathlib import Path; "
+                    f"build.build(Path({str(root)!r}), 'torch_{device}', 'torch-{device}', incremental=False)",
+                ],
+                env=cold_env,
+                check=True,
+            )
             res["cold_build_s"] = time.perf_counter() - t0
             # the compile alone, without pip's own work: setup.py from a clean build/ (ninja's log
             # then gives the time of each translation unit)
             shutil.rmtree(root / "build", ignore_errors=True)
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root, env=dict(cold_env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
-                           check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "setup.py", "build_ext", "--inplace"],
+                cwd=root,
+                env=dict(cold_env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
+                check=True,
+                capture_output=True,
+            )
             res["cold_build_ext_s"] = time.perf_counter() - t0
             tu = ninja_tu_times(root)
 

@@ -53,7 +53,9 @@ def same(loaded, want: dict[str, torch.Tensor], expect_device: str, what: str) -
     if got.keys() != want.keys():
         fail(f"{what}: the checkpoint's tensors differ: {sorted(got.keys() ^ want.keys())}")
     for k, t in got.items():
-        if str(t.device) != expect_device and not (t.dim() == 0 and t.device.type == "cpu"):  # Adam's step count stays on the CPU
+        if str(t.device) != expect_device and not (
+            t.dim() == 0 and t.device.type == "cpu"
+        ):  # Adam's step count stays on the CPU
             fail(f"{what}: {k} is on {t.device}, expected {expect_device}")
         if not torch.equal(t.cpu(), want[k]):
             fail(f"{what}: {k} differs from what was saved")
@@ -113,7 +115,9 @@ def main() -> None:
         loss = step(resumed, resumed_opt, x, y)
         if loss != next_loss or not torch.equal(resumed[0].weight.detach().cpu(), next_weight):
             fail(f"training resumed from the checkpoint diverged: loss {loss} vs {next_loss}")
-        print(f"  resumed from the checkpoint: the next step's loss {loss:.6f} and weights equal the uninterrupted run's")
+        print(
+            f"  resumed from the checkpoint: the next step's loss {loss:.6f} and weights equal the uninterrupted run's"
+        )
     print("ok: checkpoints move between the device and the CPU")
 
 

@@ -50,8 +50,10 @@ def main() -> None:
         print(f"  step {step}: eager loss {losses[0]:.6f}, compiled loss {losses[1]:.6f}")
         if abs(losses[0] - losses[1]) > 1e-4 * max(1.0, abs(losses[0])):
             fail(f"step {step}: compiled loss {losses[1]} differs from eager {losses[0]}")
-    print(f"compiled training on {device} matched eager for {opts.steps} steps "
-          f"({time.perf_counter() - start:.1f} s, compilation included)")
+    print(
+        f"compiled training on {device} matched eager for {opts.steps} steps "
+        f"({time.perf_counter() - start:.1f} s, compilation included)"
+    )
     for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
         if b.device.type != device:
             fail(f"{name} left the device: {b.device}")
@@ -74,8 +76,10 @@ def main() -> None:
         if g.device.type != device:
             fail(f"the compiled function returned a tensor on {g.device}")
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-    print(f"sin * b + 1, tanh, sum, amax: eager ran {', '.join(eager_fallback) or 'nothing'} on the CPU fallback; "
-          f"compiled: {', '.join(compiled_fallback) or 'nothing'} (fused kernels on the device)")
+    print(
+        f"sin * b + 1, tanh, sum, amax: eager ran {', '.join(eager_fallback) or 'nothing'} on the CPU fallback; "
+        f"compiled: {', '.join(compiled_fallback) or 'nothing'} (fused kernels on the device)"
+    )
     if compiled_fallback:
         fail("the compiled function reached the CPU fallback")
     print("ok: torch.compile works on the device")

@@ -43,7 +43,9 @@ def project_of(device: str, given: Path | None) -> Path | None:
     """The generated project the installed backend was built from (its editable install's source)."""
     if given is not None:
         return given
-    package = importlib.import_module(getattr(torch, device).__name__.split(".")[0])  # torch.NAME is the package's device module
+    package = importlib.import_module(
+        getattr(torch, device).__name__.split(".")[0]
+    )  # torch.NAME is the package's device module
     for d in Path(package.__file__).resolve().parents:
         if (d / "backendgen.json").is_file():
             return d
@@ -52,7 +54,9 @@ def project_of(device: str, given: Path | None) -> Path | None:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--project", type=Path, help="the backend's generated project [default: found from the installed backend]")
+    p.add_argument(
+        "--project", type=Path, help="the backend's generated project [default: found from the installed backend]"
+    )
     p.add_argument("--steps", type=int, default=3)
     opts = p.parse_args()
     device = backend_device(opts.device)
@@ -71,9 +75,11 @@ def main() -> None:
         opt.step()
     mod.synchronize()
     stats = {name: (calls, seconds) for name, (calls, seconds) in mod.fallback_stats().items() if calls}
-    print(f"{opts.steps} training steps on {device} (loss {loss.item():.4f}); "
-          f"{len(stats)} operators ran on the CPU fallback, {sum(c for c, _ in stats.values())} calls, "
-          f"{sum(s for _, s in stats.values()):.3f} s")
+    print(
+        f"{opts.steps} training steps on {device} (loss {loss.item():.4f}); "
+        f"{len(stats)} operators ran on the CPU fallback, {sum(c for c, _ in stats.values())} calls, "
+        f"{sum(s for _, s in stats.values()):.3f} s"
+    )
     if not stats:
         fail("nothing ran on the CPU fallback: nothing to report")
 

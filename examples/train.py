@@ -29,8 +29,12 @@ def batch(n: int, device: str, gen: torch.Generator) -> tuple[torch.Tensor, torc
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
-                   help="autocast's lower precision (float16 adds a GradScaler)")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16"],
+        default="bfloat16",
+        help="autocast's lower precision (float16 adds a GradScaler)",
+    )
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     opts = p.parse_args()
     device = backend_device(opts.device)
@@ -41,17 +45,25 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     model = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(), nn.Linear(32, 2),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 32),
+        nn.ReLU(),
+        nn.Linear(32, 2),
     ).to(device)
     if opts.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scaler = torch.amp.GradScaler(device, enabled=dtype == torch.float16)
-    print(f"training on {device}:{torch.accelerator.current_device_index()} "
-          f"({getattr(torch, device).get_device_name()}), "
-          f"autocast {opts.dtype}, {type(opt).__name__}, {opts.steps} steps")
+    print(
+        f"training on {device}:{torch.accelerator.current_device_index()} "
+        f"({getattr(torch, device).get_device_name()}), "
+        f"autocast {opts.dtype}, {type(opt).__name__}, {opts.steps} steps"
+    )
 
     x_eval, y_eval = batch(256, device, gen)
 
@@ -86,10 +98,14 @@ def main() -> None:
     off_device = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type != device]
     state_dtypes = {t.dtype for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0}
     after = evaluate()
-    print(f"held-out batch: loss {before[0]:.4f} -> {after[0]:.4f}, accuracy {before[1]:.0%} -> {after[1]:.0%} "
-          f"({seconds:.1f} s of training)")
-    print(f"weights: {next(model.parameters()).dtype} on {next(model.parameters()).device}; "
-          f"optimizer state: {sorted(str(d) for d in state_dtypes) or 'none'}")
+    print(
+        f"held-out batch: loss {before[0]:.4f} -> {after[0]:.4f}, accuracy {before[1]:.0%} -> {after[1]:.0%} "
+        f"({seconds:.1f} s of training)"
+    )
+    print(
+        f"weights: {next(model.parameters()).dtype} on {next(model.parameters()).device}; "
+        f"optimizer state: {sorted(str(d) for d in state_dtypes) or 'none'}"
+    )
     if off_device:
         fail(f"left the device: {off_device}")
     if not after[0] < before[0]:

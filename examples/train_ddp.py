@@ -84,8 +84,9 @@ def main() -> None:
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(opts.nproc, device, free_port(), opts.steps, queue), nprocs=opts.nproc,
-                       start_method="spawn")
+    mp.start_processes(
+        worker, args=(opts.nproc, device, free_port(), opts.steps, queue), nprocs=opts.nproc, start_method="spawn"
+    )
     results = sorted(queue.get() for _ in range(opts.nproc))
 
     # the same steps in one process on the whole batch
@@ -103,10 +104,14 @@ def main() -> None:
     for rank, _backend, params in results:
         for got, want in zip(map(torch.tensor, params), expected, strict=True):
             if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
-                fail(f"rank {rank}: parameters differ from one process on the whole batch "
-                     f"(max difference {(got - want).abs().max().item():.3g})")
-    print(f"{opts.nproc} processes on {device} (c10d backend {results[0][1]!r}), {opts.steps} DDP steps: "
-          "every rank holds the parameters one process gets on the whole batch")
+                fail(
+                    f"rank {rank}: parameters differ from one process on the whole batch "
+                    f"(max difference {(got - want).abs().max().item():.3g})"
+                )
+    print(
+        f"{opts.nproc} processes on {device} (c10d backend {results[0][1]!r}), {opts.steps} DDP steps: "
+        "every rank holds the parameters one process gets on the whole batch"
+    )
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from torch_venvs import TorchVenvs, versions_needed
 
 from backendgen import api
 from backendgen.toolchain import build
-from torch_venvs import TorchVenvs, versions_needed
 
 # The session installs a generated backend (editable) into this environment. This process started
 # before that install, so its import system cannot find the package that torch's autoload entry
@@ -42,8 +42,10 @@ def read_only(directory: Path):
             directory.chmod(0o755)
         return
     mounted = subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True).returncode == 0
-    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)],
-                                     capture_output=True).returncode != 0:
+    if (
+        not mounted
+        or subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], capture_output=True).returncode != 0
+    ):
         if mounted:
             subprocess.run(["umount", str(directory)], capture_output=True)
         pytest.skip("cannot bind-mount a directory read-only here (needed as root)")
@@ -79,7 +81,8 @@ def built_project(tmp_path_factory) -> Path:
     yield root
     subprocess.run(
         [sys.executable, "-m", "pip", "uninstall", "-y", "-q", res.names.dist_name],
-        check=False, capture_output=True,
+        check=False,
+        capture_output=True,
     )
 
 
@@ -87,7 +90,9 @@ def built_project(tmp_path_factory) -> Path:
 def installed(built_project) -> Path:
     """The session's project, as what `import torch` loads: other tests install copies of it (same
     device name, other operators), so it is reinstalled when it is not the one installed."""
-    if not build.installed_from(built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]):
+    if not build.installed_from(
+        built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]
+    ):
         api.build_backend(built_project)
     return built_project
 
@@ -126,7 +131,11 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "backendgen", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        [sys.executable, "-m", "backendgen", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
         stdin=subprocess.DEVNULL,
     )
 

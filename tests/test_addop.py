@@ -12,11 +12,21 @@ from conftest import run_cli
 from backendgen import api
 from backendgen.toolchain import build
 
-FUSED_CELLS = ["aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_lstm_cell_backward_impl",
-               "aten::_thnn_fused_gru_cell", "aten::_thnn_fused_gru_cell_backward"]
-SYNC_BATCH_NORM = ["aten::batch_norm_stats", "aten::batch_norm_gather_stats", "aten::batch_norm_gather_stats_with_counts",
-                   "aten::batch_norm_elemt", "aten::batch_norm_elemt.out", "aten::batch_norm_backward_reduce",
-                   "aten::batch_norm_backward_elemt"]
+FUSED_CELLS = [
+    "aten::_thnn_fused_lstm_cell",
+    "aten::_thnn_fused_lstm_cell_backward_impl",
+    "aten::_thnn_fused_gru_cell",
+    "aten::_thnn_fused_gru_cell_backward",
+]
+SYNC_BATCH_NORM = [
+    "aten::batch_norm_stats",
+    "aten::batch_norm_gather_stats",
+    "aten::batch_norm_gather_stats_with_counts",
+    "aten::batch_norm_elemt",
+    "aten::batch_norm_elemt.out",
+    "aten::batch_norm_backward_reduce",
+    "aten::batch_norm_backward_elemt",
+]
 
 
 def _snapshot(root):
@@ -108,14 +118,18 @@ def test_skipped_tests_are_read_from_pytests_summary(tmp_path):
         "1 passed, 3 skipped in 2.46s\n"
     )
     assert build.skipped_tests(log) == [
-        build.Skipped(2, "tests/ops/test_foo.py", "no OpInfo sample calls aten::foo.out; add calls to extra_calls() in /p/x.py"),
+        build.Skipped(
+            2, "tests/ops/test_foo.py", "no OpInfo sample calls aten::foo.out; add calls to extra_calls() in /p/x.py"
+        ),
         build.Skipped(1, "tests/ops/test_bar.py", "no differentiable sample of aten::bar"),
     ]
     assert build.skipped_tests(tmp_path / "missing.log") == []
 
 
-SUMMARY = ("SKIPPED [1] tests/ops/test_foo.py:33: no OpInfo sample calls aten::foo; add calls to extra_calls() in "
-           "/p/tests/ops/test_foo.py\n1 passed, 1 skipped in 1.00s\n")
+SUMMARY = (
+    "SKIPPED [1] tests/ops/test_foo.py:33: no OpInfo sample calls aten::foo; add calls to extra_calls() in "
+    "/p/tests/ops/test_foo.py\n1 passed, 1 skipped in 1.00s\n"
+)
 
 
 def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
@@ -137,7 +151,9 @@ def test_build_and_test_keeps_what_the_new_tests_skipped(project, monkeypatch):
     with transaction.change(Project.load(project)) as change:
         change.build_and_test(Reporter(), tests=["tests/ops/test_foo.py"], early=True, name="add-op-test")
     skipped = build.skipped_tests(change.log)
-    assert change.tested and skipped == [build.Skipped(1, "tests/ops/test_foo.py", SUMMARY.split(": ", 1)[1].splitlines()[0])]
+    assert change.tested and skipped == [
+        build.Skipped(1, "tests/ops/test_foo.py", SUMMARY.split(": ", 1)[1].splitlines()[0])
+    ]
 
 
 def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
@@ -146,8 +162,9 @@ def test_add_op_output_names_the_skipped_tests(project, monkeypatch):
     from backendgen.cli import app as cli
 
     def add_ops(names, project_dir, **kwargs):
-        res = api.AddOpsResult(project, added=["aten::foo"], files=[project / "csrc/aten/ops/foo.cpp"], built=True,
-                               tested=True)
+        res = api.AddOpsResult(
+            project, added=["aten::foo"], files=[project / "csrc/aten/ops/foo.cpp"], built=True, tested=True
+        )
         res.skipped = build.skipped_tests(_log(project))
         return res
 

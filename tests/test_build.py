@@ -13,8 +13,10 @@ import pytest
 
 from backendgen.toolchain import build, processes
 
-LINK_LINE = ("g++ -shared /p/build/temp.linux-x86_64-cpython-311/build/unity/aten.o -L/t/lib -lc10 "
-             "-o build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so -Wl,-s")
+LINK_LINE = (
+    "g++ -shared /p/build/temp.linux-x86_64-cpython-311/build/unity/aten.o -L/t/lib -lc10 "
+    "-o build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so -Wl,-s"
+)
 
 
 def test_the_link_command_is_read_back_from_the_build_log():
@@ -22,8 +24,14 @@ def test_the_link_command_is_read_back_from_the_build_log():
     assert build._link_command(log) == LINK_LINE.split()
 
 
-@pytest.mark.parametrize("line", [LINK_LINE.replace("/p/", '"/p q/'), LINK_LINE.replace("-o build/lib", "-o build\\lib"),
-                                  LINK_LINE.replace(".so", ".o")])
+@pytest.mark.parametrize(
+    "line",
+    [
+        LINK_LINE.replace("/p/", '"/p q/'),
+        LINK_LINE.replace("-o build/lib", "-o build\\lib"),
+        LINK_LINE.replace(".so", ".o"),
+    ],
+)
 def test_a_link_line_that_may_not_split_back_exactly_is_not_recorded(line):
     assert build._link_command(line) is None
 
@@ -48,7 +56,13 @@ def test_a_pip_build_is_recorded_with_its_link_moved_into_the_project(recorded):
     # pip links into a temporary directory that it deletes; the recorded link writes where setup.py's does
     root, env = recorded
     log = root / "build" / "backendgen-build.log"
-    log.write_text("  " + LINK_LINE.replace("/p/", f"{root}/").replace("-o build/lib.linux-x86_64-cpython-311", "-o /tmp/tmpab12.build-lib") + "\n")
+    log.write_text(
+        "  "
+        + LINK_LINE.replace("/p/", f"{root}/").replace(
+            "-o build/lib.linux-x86_64-cpython-311", "-o /tmp/tmpab12.build-lib"
+        )
+        + "\n"
+    )
     record = build.BuildRecord.from_log(root, log, build._csrc_files(root), env)
     assert record.library == str(root / "build/lib.linux-x86_64-cpython-311/pkg/_C.cpython-311-x86_64-linux-gnu.so")
     assert build.BuildRecord.load(root).data["link"] == record.data["link"]
@@ -71,15 +85,30 @@ def test_an_edited_source_keeps_the_fast_path(recorded):
     assert build.BuildRecord.load(root).stale_because(root, env) is None
 
 
-@pytest.mark.parametrize("change, why", [
-    (lambda root, env: (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n"), "a source file was added or removed"),
-    (lambda root, env: (root / "csrc" / "aten" / "ops" / "mul.cpp").unlink(), "a source file was added or removed"),
-    (lambda root, env: (root / "setup.py").write_text((root / "setup.py").read_text() + "\n# edited\n"), "setup.py or pyproject.toml changed"),
-    (lambda root, env: (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + "\n"), "setup.py or pyproject.toml changed"),
-    (lambda root, env: env.update(CXX="clang++"), "compiler settings in the environment changed"),
-    (lambda root, env: env.update(MYCHIP_UNITY_BUILD="0"), "compiler settings in the environment changed"),
-    (lambda root, env: next(root.glob("build/temp.*/build.ninja")).write_text("rule other\n"), "build.ninja changed"),
-])
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (
+            lambda root, env: (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// new\n"),
+            "a source file was added or removed",
+        ),
+        (lambda root, env: (root / "csrc" / "aten" / "ops" / "mul.cpp").unlink(), "a source file was added or removed"),
+        (
+            lambda root, env: (root / "setup.py").write_text((root / "setup.py").read_text() + "\n# edited\n"),
+            "setup.py or pyproject.toml changed",
+        ),
+        (
+            lambda root, env: (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + "\n"),
+            "setup.py or pyproject.toml changed",
+        ),
+        (lambda root, env: env.update(CXX="clang++"), "compiler settings in the environment changed"),
+        (lambda root, env: env.update(MYCHIP_UNITY_BUILD="0"), "compiler settings in the environment changed"),
+        (
+            lambda root, env: next(root.glob("build/temp.*/build.ninja")).write_text("rule other\n"),
+            "build.ninja changed",
+        ),
+    ],
+)
 def test_a_change_to_what_shapes_the_build_sends_it_through_setup_py(recorded, change, why):
     root, env = recorded
     env = dict(env)
@@ -110,7 +139,9 @@ def test_a_record_from_another_format_is_ignored(recorded):
 def with_units(recorded):
     """`recorded`, with a build.ninja that compiles the unity files setup.py lists (as a real one does)."""
     root, env = recorded
-    out = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "unity"], cwd=root, capture_output=True, text=True, check=True
+    )
     sources = json.loads(out.stdout.split("sources: ", 1)[1])
     ninja = next(root.glob("build/temp.*/build.ninja"))
     ninja.write_text("".join(f"build {ninja.parent}/{s}.o: compile {root / s}\n" for s in sources))
@@ -170,8 +201,14 @@ def test_a_file_a_unity_group_names_is_compiled_in_that_group_only(with_units):
     assert record.units_still_match(root, env)
     assert "csrc/runtime/extra.cpp" in (unity / "runtime.cpp").read_text()
     device = json.loads((root / "backendgen.json").read_text())["DEVICE"]
-    out = subprocess.run([sys.executable, "setup.py", "-q", "unity"], cwd=root, capture_output=True, text=True,
-                         check=True, env=dict(env, **{f"{device}_UNITY_BUILD": "0"}))
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "unity"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(env, **{f"{device}_UNITY_BUILD": "0"}),
+    )
     files = json.loads(out.stdout.split("sources: ", 1)[1])
     assert files.count("csrc/runtime/profiler.cpp") == 1 and "csrc/runtime/extra.cpp" in files
 

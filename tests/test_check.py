@@ -108,8 +108,15 @@ def test_warnings_fail_only_with_strict(project_copy):
 
 def test_op_recorded_but_not_registered(project_copy):
     def extra(data):
-        data["ops"].append({"op": "aten::sin.out", "schema": "aten::sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)",
-                            "signature": "x", "source": "csrc/aten/ops/sin.cpp", "origin": "add-op"})
+        data["ops"].append(
+            {
+                "op": "aten::sin.out",
+                "schema": "aten::sin.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)",
+                "signature": "x",
+                "source": "csrc/aten/ops/sin.cpp",
+                "origin": "add-op",
+            }
+        )
 
     _edit_metadata(project_copy, extra)
     report = check_project(Project.load(project_copy))
@@ -126,7 +133,9 @@ def _extension(root):
 def test_extension_built_against_another_torch(project_copy, tmp_path):
     """A library that needs a symbol the installed torch does not export, as a stale build does."""
     src = tmp_path / "stale.c"
-    src.write_text("extern void at_symbol_from_another_torch(void);\nvoid PyInit__C(void) { at_symbol_from_another_torch(); }\n")
+    src.write_text(
+        "extern void at_symbol_from_another_torch(void);\nvoid PyInit__C(void) { at_symbol_from_another_torch(); }\n"
+    )
     so = _extension(project_copy)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     report = check_project(Project.load(project_copy))
@@ -177,15 +186,19 @@ def test_abort_at_load_names_the_error_not_the_stack(project_copy, tmp_path):
     first line and its last lines (the kernel, its file and line), not C++ stack frames."""
     src = tmp_path / "abort.c"
     text = json.dumps(_MISMATCH_ABORT)  # a valid C string literal too
-    src.write_text("#include <stdio.h>\n#include <stdlib.h>\n"
-                   f"__attribute__((constructor)) static void registration(void) {{ fputs({text}, stderr); abort(); }}\n"
-                   "void PyInit__C(void) {}\n")
+    src.write_text(
+        "#include <stdio.h>\n#include <stdlib.h>\n"
+        f"__attribute__((constructor)) static void registration(void) {{ fputs({text}, stderr); abort(); }}\n"
+        "void PyInit__C(void) {}\n"
+    )
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(_extension(project_copy)), str(src)], check=True)
     report = check_project(Project.load(project_copy))
     [f] = [f for f in _findings(report, "extension") if f.severity == "error"]
     assert f.detail.get("kind") == "crash" and "SIGABRT" in f.message
-    assert ("Mismatch in kernel C++ signatures | kernel 2: at::Tensor (at::Tensor const&, long) | "
-            "dispatch key: PrivateUse1 | registered at /src/csrc/aten/my_abs.cpp:6") in f.message, f.message
+    assert (
+        "Mismatch in kernel C++ signatures | kernel 2: at::Tensor (at::Tensor const&, long) | "
+        "dispatch key: PrivateUse1 | registered at /src/csrc/aten/my_abs.cpp:6"
+    ) in f.message, f.message
     assert "frame #" not in f.message
 
 
@@ -261,9 +274,19 @@ def test_where_a_kernel_was_registered_is_read_absolute_or_relative_to_the_build
     project = Project.load(rendered_project)
     source = "csrc/aten/ops/abs.cpp"
     assert check_module._registered_here(
-        "PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/ops/generated/registration.cpp:12", project, source)
-    assert check_module._registered_here(f"PrivateUse1: fn [kernel] registered at ../unity/../../{source}:3", project, source)
-    assert not check_module._registered_here("PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/other.cpp:3",
-                                             project, source)
-    assert check_module._registered_here(f"PrivateUse1: fn [kernel] registered at {rendered_project / source}:3", project, source)
-    assert not check_module._registered_here(f"PrivateUse1: fn [kernel] registered at /elsewhere/{source}:3", project, source)
+        "PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/ops/generated/registration.cpp:12",
+        project,
+        source,
+    )
+    assert check_module._registered_here(
+        f"PrivateUse1: fn [kernel] registered at ../unity/../../{source}:3", project, source
+    )
+    assert not check_module._registered_here(
+        "PrivateUse1: fn [kernel] registered at ../unity/../../csrc/aten/other.cpp:3", project, source
+    )
+    assert check_module._registered_here(
+        f"PrivateUse1: fn [kernel] registered at {rendered_project / source}:3", project, source
+    )
+    assert not check_module._registered_here(
+        f"PrivateUse1: fn [kernel] registered at /elsewhere/{source}:3", project, source
+    )

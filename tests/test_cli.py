@@ -13,8 +13,10 @@ from backendgen import __version__
 def test_help_does_not_import_torch():
     out = run_cli("--help")
     assert out.returncode == 0 and "add-op" in out.stdout
-    probe = ("import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\n"
-             "try:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)")
+    probe = (
+        "import sys, backendgen.cli.app; sys.argv=['backendgen','--help']\n"
+        "try:\n backendgen.cli.app.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    )
     import subprocess
 
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
@@ -109,8 +111,15 @@ def test_render_only_is_complete(tmp_path):
     out = run_cli("new", name, "-o", str(tmp_path / "p"), "--no-build")
     assert out.returncode == 0, out.stderr
     root = tmp_path / "p"
-    for rel in ["setup.py", "pyproject.toml", "README.md", "csrc/aten/ops/add.cpp", "csrc/aten/ops/mul.cpp",
-                "tests/ops/test_mul.py", "tests/ops/harness.py"]:
+    for rel in [
+        "setup.py",
+        "pyproject.toml",
+        "README.md",
+        "csrc/aten/ops/add.cpp",
+        "csrc/aten/ops/mul.cpp",
+        "tests/ops/test_mul.py",
+        "tests/ops/harness.py",
+    ]:
         assert (root / rel).is_file(), rel
     assert not list(tmp_path.glob(".p.backendgen-*")), "staging directory left behind"
 

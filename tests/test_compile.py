@@ -27,8 +27,9 @@ def test_the_generated_backend_passes_its_compile_tests(built_project, opt_in_ru
     out, logs, _ = opt_in_run
     quick = _counts(logs["test"])
     compiled = logs["compile"]
-    assert "project tests: passed" in out.stdout and "torch.compile tests: passed" in out.stdout, \
+    assert "project tests: passed" in out.stdout and "torch.compile tests: passed" in out.stdout, (
         out.stdout + out.stderr + compiled[-4000:]
+    )
     # the quick suite leaves the compile tests out; the second run is exactly them, every one run
     # (none skipped: the session's backend has two devices)
     assert quick["passed"] >= 30 and quick["deselected"] >= 10, quick
@@ -49,9 +50,11 @@ def test_check_names_a_missing_compile_extension_point(built_project, monkeypatc
     report = check_project(Project.load(built_project))
     assert not [f for f in report.findings if f.area == "api" and f.severity != "ok"]
     missing = "def register_backend_for_a_renamed_device"
-    patch_integration_point(monkeypatch, "torch.compile",
-                            lambda point: {"python_sources": {**point.python_sources,
-                                                              COMMON: (*point.python_sources[COMMON], missing)}})
+    patch_integration_point(
+        monkeypatch,
+        "torch.compile",
+        lambda point: {"python_sources": {**point.python_sources, COMMON: (*point.python_sources[COMMON], missing)}},
+    )
     report = check_project(Project.load(built_project))
     [finding] = [f for f in report.findings if f.area == "api" and f.severity != "ok"]
     assert finding.severity == "warning" and missing in finding.subject
@@ -60,8 +63,11 @@ def test_check_names_a_missing_compile_extension_point(built_project, monkeypatc
 
 
 def test_check_skips_the_compile_sources_for_a_project_without_compiler(built_project, tmp_path, monkeypatch):
-    patch_integration_point(monkeypatch, "torch.compile",
-                            lambda point: {"python_sources": {**point.python_sources, COMMON: ("def not_in_any_torch",)}})
+    patch_integration_point(
+        monkeypatch,
+        "torch.compile",
+        lambda point: {"python_sources": {**point.python_sources, COMMON: ("def not_in_any_torch",)}},
+    )
     root = tmp_path / "p"
     shutil.copytree(built_project, root, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     project = Project.load(root)

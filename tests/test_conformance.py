@@ -23,8 +23,12 @@ def _report(root):
 
 
 def _count_line(stdout: str, variant: str, dtype: str) -> dict[str, int] | None:
-    m = re.search(rf"^{variant}\s+{dtype}: (\d+) pass, (\d+) fail \((\d+) mismatch, (\d+) error\), (\d+) crash, "
-                  rf"(\d+) hang, (\d+) xfail, (\d+) fixed, (\d+) skip$", stdout, re.MULTILINE)
+    m = re.search(
+        rf"^{variant}\s+{dtype}: (\d+) pass, (\d+) fail \((\d+) mismatch, (\d+) error\), (\d+) crash, "
+        rf"(\d+) hang, (\d+) xfail, (\d+) fixed, (\d+) skip$",
+        stdout,
+        re.MULTILINE,
+    )
     if m is None:
         return None
     keys = ("pass", "fail", "mismatch", "error", "crash", "hang", "xfail", "fixed", "skip")
@@ -39,8 +43,9 @@ def test_the_generated_backend_passes_the_conformance_suite(opt_in_run):
     fails = [ln for ln in out.stdout.splitlines() if ln.startswith(("FAIL ", "FIXED "))]
     # exit 0 unless a suite failed: the conformance suite (below) or one of the others (their own tests)
     others = ("torch.compile tests: passed", "multi-process tests: passed", "model suite: passed")
-    assert out.returncode == (0 if all(o in out.stdout for o in others) else 1), \
-        "\n".join(summary + fails[:60] + [out.stderr[-2000:]])
+    assert out.returncode == (0 if all(o in out.stdout for o in others) else 1), "\n".join(
+        summary + fails[:60] + [out.stderr[-2000:]]
+    )
     assert "project tests: passed" in out.stdout
     for dtype in ("float32", "int64"):
         for variant in VARIANTS:
@@ -51,8 +56,11 @@ def test_the_generated_backend_passes_the_conformance_suite(opt_in_run):
     assert not re.search(r"^(FAIL|UNEXPLAINED) ", out.stdout, re.MULTILINE), out.stdout
     # forward and backward compute what the CPU computes: no mismatch and no crash there, listed or not
     assert report is not None, out.stdout[-3000:]
-    wrong = [(r["op"], r["variant"], r["dtype"], r["status"]) for r in report["results"]
-             if r["variant"] in ("forward", "backward") and r["status"] in ("mismatch", "crash")]
+    wrong = [
+        (r["op"], r["variant"], r["dtype"], r["status"])
+        for r in report["results"]
+        if r["variant"] in ("forward", "backward") and r["status"] in ("mismatch", "crash")
+    ]
     assert wrong == [], wrong
     # every listed failure says why
     assert all(r["reason"] and r["reason"] != "UNEXPLAINED" for r in report["results"] if r["verdict"] == "xfail")
@@ -79,13 +87,15 @@ def test_a_broken_kernel_is_caught_and_an_aborting_one_is_isolated(project_copy)
     results = report["results"]
     crashes = [r for r in results if r["op"] == "exp2" and r["status"] == "crash"]
     assert crashes and all(r["verdict"] == "fail" and "SIGABRT" in r["detail"] for r in crashes), results
-    assert re.search(r"^FAIL exp2 \[\w+ float32\] crash: the worker died \(killed by SIGABRT\)", out.stdout, re.MULTILINE), out.stdout
+    assert re.search(
+        r"^FAIL exp2 \[\w+ float32\] crash: the worker died \(killed by SIGABRT\)", out.stdout, re.MULTILINE
+    ), out.stdout
     # nothing was lost to the crash: every (op, variant) has a result, and results kept coming after it
     ops = {r["op"] for r in results}
     assert {"abs", "exp2"} <= ops
     assert sorted((r["op"], r["variant"]) for r in results) == sorted((op, v) for op in ops for v in VARIANTS)
     first_crash = next(i for i, r in enumerate(results) if r["status"] == "crash")
-    assert any(r["status"] != "crash" for r in results[first_crash + 1:]) or len(crashes) > 1, results
+    assert any(r["status"] != "crash" for r in results[first_crash + 1 :]) or len(crashes) > 1, results
     count = _count_line(out.stdout, "forward", "float32")
     assert count is not None and count["mismatch"] >= 1, out.stdout
 
@@ -103,13 +113,16 @@ def test_bad_arguments_exit_2_before_anything_runs(built_project):
 
 
 def test_the_conformance_tests_are_opt_in(rendered_project):
-    addopts = tomllib.loads((rendered_project / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    addopts = tomllib.loads((rendered_project / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"][
+        "addopts"
+    ]
     assert "not conformance" in addopts, addopts
     assert "@pytest.mark.conformance" in (rendered_project / "tests/conformance/test_conformance.py").read_text()
     assert "pytest -m conformance" in (rendered_project / "README.md").read_text()
 
 
 # --- the expected-failure logic -------------------------------------------------------------------
+
 
 @pytest.fixture
 def expectations(rendered_project):
@@ -134,18 +147,27 @@ def _result(op, variant, status, dtype="float32"):
 
 
 def test_listed_failures_are_expected_and_unlisted_ones_fail(expectations, tmp_path):
-    entries = expectations.load(_write(tmp_path, [
-        {"op": "index_add", "variants": ["inplace"], "reason": "the CPU reference is itself wrong here"},
-        {"op": "linalg.*", "variants": ["out"], "dtypes": ["float64"], "reason": "a layout we do not support"},
-    ]))
-    j = expectations.judge([
-        _result("index_add", "inplace", "mismatch"),
-        _result("index_add", "out", "mismatch"),  # listed for inplace only
-        _result("linalg.qr", "out", "crash", "float64"),
-        _result("linalg.qr", "out", "mismatch", "float32"),  # listed for float64 only
-        _result("abs", "forward", "pass"),
-        _result("abs", "backward", "skipped"),
-    ], entries, "2.13.0")
+    entries = expectations.load(
+        _write(
+            tmp_path,
+            [
+                {"op": "index_add", "variants": ["inplace"], "reason": "the CPU reference is itself wrong here"},
+                {"op": "linalg.*", "variants": ["out"], "dtypes": ["float64"], "reason": "a layout we do not support"},
+            ],
+        )
+    )
+    j = expectations.judge(
+        [
+            _result("index_add", "inplace", "mismatch"),
+            _result("index_add", "out", "mismatch"),  # listed for inplace only
+            _result("linalg.qr", "out", "crash", "float64"),
+            _result("linalg.qr", "out", "mismatch", "float32"),  # listed for float64 only
+            _result("abs", "forward", "pass"),
+            _result("abs", "backward", "skipped"),
+        ],
+        entries,
+        "2.13.0",
+    )
     verdicts = {(v.op, v.variant, v.dtype): v.verdict for v in j.verdicts}
     assert verdicts == {
         ("index_add", "inplace", "float32"): "xfail",
@@ -184,27 +206,38 @@ def test_a_torch_qualifier_limits_an_entry_to_those_versions(expectations, tmp_p
     assert expectations.judge([_result("abs", "out", "mismatch")], entries, "2.14.1").verdicts[0].verdict == "fail"
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"op": "abs", "variants": ["out"]}, "needs a 'reason'"),
-    ({"op": "abs", "variants": ["sideways"], "reason": "r"}, "'variants' must list"),
-    ({"op": "abs", "variants": ["out"], "reason": "r", "dtype": "float32"}, "unknown key 'dtype'"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"op": "abs", "variants": ["out"]}, "needs a 'reason'"),
+        ({"op": "abs", "variants": ["sideways"], "reason": "r"}, "'variants' must list"),
+        ({"op": "abs", "variants": ["out"], "reason": "r", "dtype": "float32"}, "unknown key 'dtype'"),
+    ],
+)
 def test_a_malformed_list_is_refused(expectations, tmp_path, entry, message):
     with pytest.raises(expectations.ListError, match=message):
         expectations.load(_write(tmp_path, [entry]))
 
 
 def test_write_expected_keeps_explained_entries_and_adds_unexplained_ones(expectations, tmp_path):
-    entries = expectations.load(_write(tmp_path, [
-        {"op": "index_add", "variants": ["inplace", "out"], "reason": "explained"},
-        {"op": "cumsum", "variants": ["out"], "reason": "not run this time"},
-        {"op": "abs", "variants": ["out"], "reason": "fixed since"},
-    ]))
+    entries = expectations.load(
+        _write(
+            tmp_path,
+            [
+                {"op": "index_add", "variants": ["inplace", "out"], "reason": "explained"},
+                {"op": "cumsum", "variants": ["out"], "reason": "not run this time"},
+                {"op": "abs", "variants": ["out"], "reason": "fixed since"},
+            ],
+        )
+    )
     results = [
-        _result("index_add", "inplace", "mismatch"), _result("index_add", "out", "pass"),
+        _result("index_add", "inplace", "mismatch"),
+        _result("index_add", "out", "pass"),
         _result("abs", "out", "pass"),
-        _result("neg", "inplace", "mismatch", "float32"), _result("neg", "out", "error", "float32"),
-        _result("neg", "inplace", "pass", "int64"), _result("neg", "out", "error", "int64"),
+        _result("neg", "inplace", "mismatch", "float32"),
+        _result("neg", "out", "error", "float32"),
+        _result("neg", "inplace", "pass", "int64"),
+        _result("neg", "out", "error", "int64"),
     ]
     j = expectations.judge(results, entries, "2.13.0")
     new = json.loads(expectations.dump(expectations.rewrite(entries, j, "2.13.0")))["entries"]

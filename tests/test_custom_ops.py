@@ -31,17 +31,20 @@ def _device(root):
     return json.loads((root / "backendgen.json").read_text())["device"]
 
 
-@pytest.mark.parametrize("name, schema, body, autograd, message", [
-    ("Scale", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
-    ("scale.out", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
-    ("scale", "", None, False, "give its schema"),
-    ("scale", "(Tensor x -> Tensor", None, False, "rejected by torchgen"),
-    ("scale", "(Tensor x, Stream s) -> Tensor", None, False, "not supported"),
-    ("scale_", "(Tensor(a!) self) -> Tensor(a!)", None, True, "functional operators only"),
-    ("scale", "(Tensor x) -> (Tensor, Tensor)", None, True, "return one Tensor"),
-    ("scale", "(Tensor x) -> Tensor", "x *\n2", False, "on one line"),
-    ("scale", "(Tensor x) -> Tensor", "at::sin(x", False, "unbalanced"),
-])
+@pytest.mark.parametrize(
+    "name, schema, body, autograd, message",
+    [
+        ("Scale", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
+        ("scale.out", "(Tensor x) -> Tensor", None, False, "invalid operator name"),
+        ("scale", "", None, False, "give its schema"),
+        ("scale", "(Tensor x -> Tensor", None, False, "rejected by torchgen"),
+        ("scale", "(Tensor x, Stream s) -> Tensor", None, False, "not supported"),
+        ("scale_", "(Tensor(a!) self) -> Tensor(a!)", None, True, "functional operators only"),
+        ("scale", "(Tensor x) -> (Tensor, Tensor)", None, True, "return one Tensor"),
+        ("scale", "(Tensor x) -> Tensor", "x *\n2", False, "on one line"),
+        ("scale", "(Tensor x) -> Tensor", "at::sin(x", False, "unbalanced"),
+    ],
+)
 def test_parse_refuses_with_the_reason(name, schema, body, autograd, message):
     with pytest.raises(UserError, match=message):
         customop.parse("chip", name, schema, body=body, autograd=autograd)
@@ -55,25 +58,39 @@ def test_kernels_follow_the_schema():
     assert "kernels::host_alias(x), alpha" in kernel and "---- device computation" in kernel
     assert "::apply(x, alpha)" in customop.render_autograd(c)
     # an in-place schema returns its argument and gets PyTorch's ADInplaceOrView kernel
-    inplace = customop.parse("chip", "scale_", "(Tensor(a!) self, float alpha=1.0) -> Tensor(a!)", body="self.mul_(alpha)")
+    inplace = customop.parse(
+        "chip", "scale_", "(Tensor(a!) self, float alpha=1.0) -> Tensor(a!)", body="self.mul_(alpha)"
+    )
     assert "ADInplaceOrView" in inplace.keys
     assert "(void)(self.mul_(alpha));\n  return self;" in customop.render_kernel(inplace)
     # without a body every kernel raises, naming the file; the Meta kernel still knows the shape
     todo = customop.parse("chip", "todo", "(Tensor x) -> Tensor")
     text = customop.render_kernel(todo)
-    assert ('C10_THROW_ERROR(NotImplementedError, "chip::todo is not defined yet: '
-            'write compute() in csrc/custom_ops/todo.cpp")') in text
+    assert (
+        'C10_THROW_ERROR(NotImplementedError, "chip::todo is not defined yet: '
+        'write compute() in csrc/custom_ops/todo.cpp")'
+    ) in text
     assert "return at::empty_like(x);" in text
 
 
 def test_add_custom_op_writes_its_files_and_registration(project):
     dev = _device(project)
-    res = api.add_ops([f"{dev}::scale"], project, schema="(Tensor x, float alpha=1.0) -> Tensor", body="x * alpha",
-                      autograd=True, build_it=False)
+    res = api.add_ops(
+        [f"{dev}::scale"],
+        project,
+        schema="(Tensor x, float alpha=1.0) -> Tensor",
+        body="x * alpha",
+        autograd=True,
+        build_it=False,
+    )
     assert res.added == [f"{dev}::scale"]
     pkg = json.loads((project / "backendgen.json").read_text())["package"]
-    for rel in ("csrc/custom_ops/scale.cpp", f"csrc/autograd/{dev}_scale.cpp", f"{pkg}/ops/scale.py",
-                f"tests/ops/test_{dev}_scale.py"):
+    for rel in (
+        "csrc/custom_ops/scale.cpp",
+        f"csrc/autograd/{dev}_scale.cpp",
+        f"{pkg}/ops/scale.py",
+        f"tests/ops/test_{dev}_scale.py",
+    ):
         assert (project / rel).is_file(), rel
     reg = (project / REGISTRATION_FILE).read_text()
     assert 'm.def(R"schema(scale(Tensor x, float alpha=1.0) -> Tensor)schema");' in reg
@@ -124,8 +141,15 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     root = project_copy
     dev = _device(root)
     steps = [
-        ("add-op", f"{dev}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor",
-         "--body", "x * alpha + at::sin(x)", "--autograd"),
+        (
+            "add-op",
+            f"{dev}::scale",
+            "--schema",
+            "(Tensor x, float alpha=1.0) -> Tensor",
+            "--body",
+            "x * alpha + at::sin(x)",
+            "--autograd",
+        ),
         ("add-op", "aten::hypot", "--autograd"),
         ("amp", "set", "aten::add.Tensor", "lower_precision_fp"),
     ]
@@ -136,12 +160,22 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     # the generated tests, run again together: gradcheck, FakeTensorMode, torch.compile(aot_eager),
     # the override's graph and gradients, the autocast policy
     tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_hypot.py", "tests/test_amp_policies.py"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=root,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert "test_gradcheck_on_the_device PASSED" in subprocess.run(
-        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests[0], "-k", "gradcheck"], cwd=root,
-        capture_output=True, text=True).stdout
+    assert (
+        "test_gradcheck_on_the_device PASSED"
+        in subprocess.run(
+            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests[0], "-k", "gradcheck"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     # the override's default backward is eager-only: under torch.compile it says which file to write
     pkg = json.loads((root / "backendgen.json").read_text())["package"]
     script = (
@@ -168,8 +202,12 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     meta = json.loads((root / "backendgen.json").read_text())
     meta["amp"]["mm"] = "fp32"
     (root / "backendgen.json").write_text(json.dumps(meta))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_amp_policies.py"],
-                          cwd=root, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_amp_policies.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0 and "[mm]" in proc.stdout
     # and check finds a recorded operator the library does not register
     meta["custom_ops"].append({**meta["custom_ops"][0], "op": f"{dev}::ghost", "schema": "ghost(Tensor x) -> Tensor"})
@@ -189,12 +227,17 @@ def test_remove_op_takes_back_an_operator_and_an_override(project):
     assert out.returncode == 0, out.stderr
     meta = json.loads((project / "backendgen.json").read_text())
     assert meta["custom_ops"] == [] and meta["autograd_overrides"] == []
-    assert not (project / "csrc/custom_ops/scale.cpp").exists() and not (project / f"csrc/autograd/{dev}_scale.cpp").exists()
+    assert (
+        not (project / "csrc/custom_ops/scale.cpp").exists()
+        and not (project / f"csrc/autograd/{dev}_scale.cpp").exists()
+    )
     assert not (project / "csrc/autograd/hypot.cpp").exists()
     reg = (project / REGISTRATION_FILE).read_text()
     assert "custom::scale" not in reg and "AutogradPrivateUse1" not in reg
     # and it can be defined again
-    assert api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", build_it=False).added == [f"{dev}::scale"]
+    assert api.add_ops([f"{dev}::scale"], project, schema="(Tensor x) -> Tensor", build_it=False).added == [
+        f"{dev}::scale"
+    ]
 
 
 def test_remove_op_refuses_an_edited_operator_unless_forced(project):
@@ -221,5 +264,9 @@ def test_check_reports_a_custom_operator_typed_differently_by_this_torch(project
     (project / "backendgen.json").write_text(json.dumps(meta))
     out = run_cli("check", "--json", "--project", str(project))
     findings = [f for f in json.loads(out.stdout)["findings"] if f["subject"] == f"{dev}::scale"]
-    assert any(f["severity"] == "error" and f["detail"].get("kind") == "signature_changed"
-               and "csrc/custom_ops/scale.cpp" in f["message"] for f in findings), findings
+    assert any(
+        f["severity"] == "error"
+        and f["detail"].get("kind") == "signature_changed"
+        and "csrc/custom_ops/scale.cpp" in f["message"]
+        for f in findings
+    ), findings

@@ -25,7 +25,9 @@ DISTRIBUTED_TESTS = [
 def test_the_generated_backend_passes_its_distributed_tests(opt_in_run):
     out, logs, _ = opt_in_run
     text = logs["distributed"]
-    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, out.stdout + out.stderr + text[-6000:]
+    assert "project tests: passed" in out.stdout and "multi-process tests: passed" in out.stdout, (
+        out.stdout + out.stderr + text[-6000:]
+    )
     # all four ran (none skipped or deselected) and passed
     assert re.search(rf"\b{len(DISTRIBUTED_TESTS)} passed\b", text) and "skipped" not in text, text[-3000:]
 
@@ -40,9 +42,15 @@ def test_distributed_needs_a_project_with_multi_process_tests(project_copy):
 def test_the_distributed_tests_are_opt_in(built_project):
     """The project's default pytest run (the one `backendgen new` and `build --test` run) leaves
     the multi-process tests out; `-m distributed` selects exactly them."""
+
     def collected(*args):
-        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
-                              cwd=built_project, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+            cwd=built_project,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return [ln for ln in proc.stdout.splitlines() if "::" in ln]
 

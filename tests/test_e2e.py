@@ -20,8 +20,18 @@ from backendgen.toolchain import build
 # The operators issue #3 asks CI to add: structured, out=, in-place, multi-output, Tensor?[],
 # ITensorListRef, SymInt, Scalar and optional arguments, bool[3].
 CI_OPS = [
-    "mul.Tensor", "abs.out", "add_.Tensor", "where.self", "cat", "index.Tensor", "mean.dim",
-    "topk", "native_layer_norm", "convolution_backward", "baddbmm.out", "masked_fill_.Scalar",
+    "mul.Tensor",
+    "abs.out",
+    "add_.Tensor",
+    "where.self",
+    "cat",
+    "index.Tensor",
+    "mean.dim",
+    "topk",
+    "native_layer_norm",
+    "convolution_backward",
+    "baddbmm.out",
+    "masked_fill_.Scalar",
     "mse_loss",  # structured; its meta function reshapes the output after allocating it
 ]
 
@@ -60,16 +70,25 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
     out = run_cli("build", "--full", "--project", str(root))
-    assert out.returncode == 0 and "setup.py build_ext --inplace: full build requested" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "setup.py build_ext --inplace: full build requested" in out.stdout, (
+        out.stdout + out.stderr
+    )
     kernel = root / "csrc/aten/ops/abs.cpp"
     original = kernel.read_text()
-    kernel.write_text(original.replace("  // ---- end of device computation",
-                                       '  TORCH_CHECK(false, "edited by hand");\n  // ---- end of device computation', 1))
+    kernel.write_text(
+        original.replace(
+            "  // ---- end of device computation",
+            '  TORCH_CHECK(false, "edited by hand");\n  // ---- end of device computation',
+            1,
+        )
+    )
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
     device = _meta(root)["device"]
-    code = (f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); "
-            "print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())")
+    code = (
+        f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); "
+        "print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert ran.returncode != 0 and "edited by hand" in ran.stderr, ran.stdout + ran.stderr
@@ -83,16 +102,30 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert ran.returncode == 0 and ran.stdout.strip() == "[1.0, 2.0]", ran.stdout + ran.stderr
 
     # a hand edit survives adding other operators
-    kernel.write_text(kernel.read_text().replace("// ---- end of device computation", "// tuned by hand\n  // ---- end of device computation"))
+    kernel.write_text(
+        kernel.read_text().replace(
+            "// ---- end of device computation", "// tuned by hand\n  // ---- end of device computation"
+        )
+    )
     edited = kernel.read_text()
 
     res = api.add_ops(rest, root)
     assert res.built and res.tested
     assert kernel.read_text() == edited
     recorded = {d["op"] for d in _meta(root)["ops"]}
-    for op in ["aten::where.self", "aten::cat.out", "aten::index.Tensor_out", "aten::mean.out", "aten::topk.values",
-               "aten::native_layer_norm", "aten::convolution_backward", "aten::baddbmm.out", "aten::masked_fill_.Scalar",
-               "aten::mse_loss.out", "aten::mse_loss"]:
+    for op in [
+        "aten::where.self",
+        "aten::cat.out",
+        "aten::index.Tensor_out",
+        "aten::mean.out",
+        "aten::topk.values",
+        "aten::native_layer_norm",
+        "aten::convolution_backward",
+        "aten::baddbmm.out",
+        "aten::masked_fill_.Scalar",
+        "aten::mse_loss.out",
+        "aten::mse_loss",
+    ]:
         assert op in recorded, op
 
     # every generated operator test ran for real on the device (none skipped for want of samples)
@@ -138,7 +171,7 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
         '#include "aten/kernel_support.h"\n#include <torch/library.h>\n'
         f"namespace {device}::ops::typo {{\n"
         "at::Tensor mul_typo(const at::Tensor& self, const at::Tensor& other) { return self; }\n}\n"
-        'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) '
+        "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) "
         f'{{ m.impl("mul.Tensr", TORCH_FN({device}::ops::typo::mul_typo)); }}\n'
     )
     build.build(root, meta["package"], meta["dist_name"])
@@ -151,8 +184,13 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     so = next((root / meta["package"]).glob("_C*.so"))
     so.write_bytes(b"not a shared library")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(1).item())"],
-                         capture_output=True, text=True, env=env, cwd="/")
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.ones(1).item())"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1.0"
     assert "failed to load and is disabled" in out.stderr
@@ -171,16 +209,25 @@ def test_add_op_writes_native_view_kernels(project_copy):
     assert res.unchanged == ["aten::view_as_real"] and set(res.added) == {"aten::diagonal", "aten::unbind.int"}
     assert "kernels::device_view(self, view)" in (root / "csrc/aten/ops/diagonal.cpp").read_text()
 
-    log = build.run_tests(root, ["tests/ops/test_diagonal.py", "tests/ops/test_unbind_int.py", "tests/test_views.py", "-vv", "-rs"],
-                          name="views-verbose")
+    log = build.run_tests(
+        root,
+        ["tests/ops/test_diagonal.py", "tests/ops/test_unbind_int.py", "tests/test_views.py", "-vv", "-rs"],
+        name="views-verbose",
+    )
     text = log.read_text()
-    for test in ("test_matches_cpu_and_stays_on_device", "test_result_is_a_view_that_writes_reach",
-                 "test_gradient_flows_through_the_view"):
+    for test in (
+        "test_matches_cpu_and_stays_on_device",
+        "test_result_is_a_view_that_writes_reach",
+        "test_gradient_flows_through_the_view",
+    ):
         for module in ("test_diagonal", "test_unbind_int"):
             assert re.search(rf"tests/ops/{module}\.py::{test} PASSED", text), (module, test, text[-3000:])
-    assert re.search(r"tests/test_views\.py::test_view_as_real_is_a_view_at_the_right_offset PASSED", text), text[-3000:]
-    assert re.search(r"tests/test_views\.py::test_no_view_operator_of_this_torch_reaches_the_cpu_fallback PASSED", text), \
-        text[-3000:]
+    assert re.search(r"tests/test_views\.py::test_view_as_real_is_a_view_at_the_right_offset PASSED", text), text[
+        -3000:
+    ]
+    assert re.search(
+        r"tests/test_views\.py::test_no_view_operator_of_this_torch_reaches_the_cpu_fallback PASSED", text
+    ), text[-3000:]
 
     device = _meta(root)["device"]
     code = (
@@ -203,8 +250,9 @@ def test_add_op_writes_native_view_kernels(project_copy):
     res = api.add_ops([f"{device}::flatview"], root, schema="(Tensor(a) x) -> Tensor(a)", body="x.view(-1)")
     assert res.built and res.tested
     log = build.run_tests(root, [f"tests/ops/test_{device}_flatview.py", "-vv"], name="custom-view-verbose")
-    assert re.search(rf"test_{device}_flatview\.py::test_result_is_a_view_of_its_argument PASSED", log.read_text()), \
+    assert re.search(rf"test_{device}_flatview\.py::test_result_is_a_view_of_its_argument PASSED", log.read_text()), (
         log.read_text()[-3000:]
+    )
 
 
 @pytest.mark.slow
@@ -214,5 +262,7 @@ def test_add_op_reports_the_generated_tests_it_skipped(project_copy):
     out = run_cli("add-op", "aten::_standard_gamma_grad", "--project", str(project_copy))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "aten::_standard_gamma_grad: built and tested (1 of the new tests skipped)" in out.stdout, out.stdout
-    assert ("skipped 1 in tests/ops/test__standard_gamma_grad.py: no OpInfo sample calls aten::_standard_gamma_grad"
-            in out.stdout), out.stdout
+    assert (
+        "skipped 1 in tests/ops/test__standard_gamma_grad.py: no OpInfo sample calls aten::_standard_gamma_grad"
+        in out.stdout
+    ), out.stdout

@@ -25,7 +25,9 @@ from backendgen.torchdb import opdb, support
 def test_torch_missing(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    with pytest.raises(EnvironmentProblem, match=rf"torch is not installed.*pip install torch=={re.escape(support.TESTED[0])}"):
+    with pytest.raises(
+        EnvironmentProblem, match=rf"torch is not installed.*pip install torch=={re.escape(support.TESTED[0])}"
+    ):
         opdb.torch_info()
 
 
@@ -46,8 +48,9 @@ def _torch_reporting_version(tmp_path: Path, version: str) -> dict:
     meta = tmp_path / "fake-meta"
     info = meta / f"torch-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(real.read_text("METADATA").replace(
-        f"Version: {real.version}", f"Version: {version}", 1))
+    (info / "METADATA").write_text(
+        real.read_text("METADATA").replace(f"Version: {real.version}", f"Version: {version}", 1)
+    )
     return {"PYTHONPATH": os.pathsep.join([str(meta), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 
 
@@ -65,7 +68,9 @@ def test_a_torch_older_than_the_minimum_is_refused(version, tmp_path):
 @pytest.mark.parametrize("version", ["2.99.0", "2.13.7+cpu", "3.0.0.dev20300101"])
 def test_a_newer_untested_torch_proceeds_with_one_note(version, tmp_path):
     dest = tmp_path / "proj"
-    out = run_cli("new", unique_device("new"), "-o", str(dest), "--no-build", env=_torch_reporting_version(tmp_path, version))
+    out = run_cli(
+        "new", unique_device("new"), "-o", str(dest), "--no-build", env=_torch_reporting_version(tmp_path, version)
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     notes = [ln for ln in out.stdout.splitlines() if ln.startswith("note:")]
     assert len(notes) == 1, out.stdout
@@ -76,8 +81,9 @@ def test_a_newer_untested_torch_proceeds_with_one_note(version, tmp_path):
     findings = json.loads(out.stdout)["findings"]
     untested = [f for f in findings if f["area"] == "versions" and f["detail"].get("kind") == "untested"]
     assert len(untested) == 1 and untested[0]["severity"] == "info", findings
-    assert {f["subject"] for f in findings if f["severity"] == "error"} == {json.loads(
-        (dest / "backendgen.json").read_text())["package"]}  # "not built", nothing about the version
+    assert {f["subject"] for f in findings if f["severity"] == "error"} == {
+        json.loads((dest / "backendgen.json").read_text())["package"]
+    }  # "not built", nothing about the version
 
 
 def test_each_tested_release_is_tested_and_its_build_tag_does_not_matter():
@@ -113,9 +119,11 @@ def test_a_missing_test_tool_is_one_line_from_the_cli(rendered_project, tmp_path
     """The real command, in a Python where pytest cannot be found."""
     root = tmp_path / "p"
     shutil.copytree(rendered_project, root)
-    script = ("import importlib.util as u, sys; real = u.find_spec\n"
-              "u.find_spec = lambda name, *a: None if name == 'pytest' else real(name, *a)\n"
-              "from backendgen.cli.app import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()")
+    script = (
+        "import importlib.util as u, sys; real = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name == 'pytest' else real(name, *a)\n"
+        "from backendgen.cli.app import main; sys.argv = ['backendgen', 'add-op', 'abs.out']; main()"
+    )
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stdout + out.stderr
     [line] = out.stderr.strip().splitlines()[-1:]
@@ -156,8 +164,9 @@ def tiny_install(tmp_path):
         f'[project]\nname = "{dist}"\nversion = "0.1.0"\n[tool.setuptools]\npy-modules = []\n'
     )
     pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(src)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*pip, "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(src)], check=True, capture_output=True
+    )
     yield device, dist, src
     subprocess.run([*pip, "uninstall", "-y", "-q", dist], capture_output=True)
 
@@ -206,7 +215,7 @@ def _processes_under(pid: int) -> list[str]:
             text = stat.read_text()
         except OSError:
             continue  # it ended meanwhile
-        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
         children.setdefault(int(rest[1]), []).append((int(stat.parent.name), comm))
     names, todo = [], [pid]
     while todo:
@@ -224,8 +233,10 @@ def _wait_for_a_compiler_under(proc: subprocess.Popen, deadline_s: float = 600) 
     while "cc1plus" not in _processes_under(proc.pid):
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"add-op ended (exit {proc.returncode}) before a compiler was seen running under it, so "
-                        f"there was no build to interrupt:\n{out}{err}")
+            pytest.fail(
+                f"add-op ended (exit {proc.returncode}) before a compiler was seen running under it, so "
+                f"there was no build to interrupt:\n{out}{err}"
+            )
         if time.monotonic() > deadline:
             pytest.fail(f"no compiler started under add-op within {deadline_s:.0f} s")
         time.sleep(0.05)
@@ -237,14 +248,25 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
     shutil.copytree(rendered_project, root)
 
     def files():
-        return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and "build" not in p.relative_to(root).parts
-                and p.name != ".backendgen.lock" and "egg-info" not in str(p)}
+        return {
+            p: p.read_bytes()
+            for p in root.rglob("*")
+            if p.is_file()
+            and "build" not in p.relative_to(root).parts
+            and p.name != ".backendgen.lock"
+            and "egg-info" not in str(p)
+        }
 
     before = files()
     # without ccache, so that the compiler really runs (a cache hit could finish the build at once)
-    proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backendgen", "add-op", "abs.out", "--project", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"),
+        start_new_session=True,
+    )
     try:
         _wait_for_a_compiler_under(proc)
     except BaseException:
@@ -299,8 +321,14 @@ def read_only_python(tmp_path):
     venv = tmp_path / "ro-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site_dir = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())
+    site_dir = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     outer = sysconfig.get_paths()["purelib"]
     (site_dir / "outer.pth").write_text(f"import site; site.addsitedir({outer!r})\n")
     with read_only(site_dir):
@@ -310,8 +338,12 @@ def read_only_python(tmp_path):
 def test_read_only_site_packages_is_refused_before_anything_is_written(read_only_python, tmp_path):
     python, site_dir = read_only_python
     dest = tmp_path / "proj"
-    out = subprocess.run([str(python), "-m", "backendgen", "new", unique_device(), "-o", str(dest)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [str(python), "-m", "backendgen", "new", unique_device(), "-o", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{site_dir} is not writable" in out.stderr and "virtualenv" in out.stderr
     assert "Traceback" not in out.stderr and not dest.exists()

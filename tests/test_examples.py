@@ -23,11 +23,20 @@ def _device(root: Path) -> str:
     return json.loads((root / "backendgen.json").read_text())["device"]
 
 
-def run_example(name: str, *args: str, cwd: Path, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_example(
+    name: str, *args: str, cwd: Path, env: dict | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}  # autoload on, as for a user
     full.update(env or {})
-    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
 
 
 def _ok(ran: subprocess.CompletedProcess) -> str:
@@ -37,10 +46,14 @@ def _ok(ran: subprocess.CompletedProcess) -> str:
 
 def test_every_example_has_a_test():
     scripts = {p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")}
-    assert scripts == TESTED, f"examples without a test: {sorted(scripts - TESTED)}; tests of missing examples: {sorted(TESTED - scripts)}"
+    assert scripts == TESTED, (
+        f"examples without a test: {sorted(scripts - TESTED)}; tests of missing examples: {sorted(TESTED - scripts)}"
+    )
 
 
-@pytest.mark.parametrize("extra", [[], ["--dtype", "float16", "--optimizer", "sgd", "--steps", "12"]], ids=["bf16-adam", "fp16-sgd"])
+@pytest.mark.parametrize(
+    "extra", [[], ["--dtype", "float16", "--optimizer", "sgd", "--steps", "12"]], ids=["bf16-adam", "fp16-sgd"]
+)
 def test_train(installed, tmp_path, extra):
     dev = _device(installed)
     out = _ok(run_example("train", *extra, cwd=tmp_path))
@@ -63,10 +76,15 @@ def test_checkpoint(installed, tmp_path):
     dev = _device(installed)
     out = _ok(run_example("checkpoint", "--dir", str(tmp_path / "ckpt"), cwd=tmp_path))
     assert (tmp_path / "ckpt" / f"checkpoint-{dev}.pt").is_file()
-    for line in ["torch.load(path): 17 tensors equal", 'map_location="cpu": 17 tensors equal to what was saved, on cpu\n',
-                 f'map_location="{dev}:1": 17 tensors equal to what was saved, on {dev}:1\n',
-                 f'map_location={{"{dev}:0": "{dev}:1"}}', f'a CPU checkpoint, map_location="{dev}:0": 17 tensors equal to what was saved, on {dev}:0\n',
-                 "the layout tag came back with the tensor", "weights equal the uninterrupted run's"]:
+    for line in [
+        "torch.load(path): 17 tensors equal",
+        'map_location="cpu": 17 tensors equal to what was saved, on cpu\n',
+        f'map_location="{dev}:1": 17 tensors equal to what was saved, on {dev}:1\n',
+        f'map_location={{"{dev}:0": "{dev}:1"}}',
+        f'a CPU checkpoint, map_location="{dev}:0": 17 tensors equal to what was saved, on {dev}:0\n',
+        "the layout tag came back with the tensor",
+        "weights equal the uninterrupted run's",
+    ]:
         assert line in out, out
 
 
@@ -74,7 +92,7 @@ def test_checkpoint_on_one_device_skips_the_cross_device_loads(installed, tmp_pa
     dev = _device(installed)
     out = _ok(run_example("checkpoint", cwd=tmp_path, env={f"{dev.upper()}_DEVICE_COUNT": "1"}))
     assert f"(one {dev} device: the loads onto {dev}:1 are skipped)" in out
-    assert f"map_location=\"{dev}:1\"" not in out
+    assert f'map_location="{dev}:1"' not in out
 
 
 def test_fallback_report_names_the_operators_and_its_command_is_accepted(installed, tmp_path):

@@ -26,9 +26,16 @@ from backendgen.plumbing.errors import EnvironmentProblem, UserError
 
 def _files(root: Path) -> dict[str, bytes]:
     """Every file of the project a user owns (not build output, the lock or pip's metadata)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*")
-            if p.is_file() and not p.is_symlink() and "build" not in p.relative_to(root).parts
-            and p.name != ".backendgen.lock" and "egg-info" not in str(p) and "__pycache__" not in p.parts}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and "build" not in p.relative_to(root).parts
+        and p.name != ".backendgen.lock"
+        and "egg-info" not in str(p)
+        and "__pycache__" not in p.parts
+    }
 
 
 def _processes_in(root: Path) -> list[str]:
@@ -88,6 +95,7 @@ def built_copy(built_project, tmp_path) -> Path:
 
 # --- signals -----------------------------------------------------------------------------------
 
+
 def test_a_signal_during_the_build_rolls_back_and_stops_the_build(rendered_copy, tmp_path):
     """SIGTERM (kill, timeout, a cancelled CI job) while add-op's build runs: one line, exit 128+N,
     every file as before, and no process of the build left."""
@@ -112,8 +120,13 @@ def test_a_signal_from_outside_while_add_op_waits_rolls_back(rendered_copy, tmp_
     root = rendered_copy
     before = _files(root)
     env, log = _fault_env(tmp_path, "add-op:written=wait")
-    proc = subprocess.Popen([sys.executable, "-m", "backendgen", "add-op", "abs.out", "--no-build", "--project", str(root)],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backendgen", "add-op", "abs.out", "--no-build", "--project", str(root)],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while ("add-op:written", proc.pid) not in _phases(log):
         assert proc.poll() is None, proc.communicate()
@@ -155,6 +168,7 @@ def test_new_interrupted_during_its_build_leaves_nothing_and_can_be_run_again(tm
 
 # --- kills and reruns --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def killed_and_rerun(built_project, tmp_path_factory):
     """add-op killed (SIGKILL) after it recorded its operator, before the build; then the same
@@ -164,8 +178,13 @@ def killed_and_rerun(built_project, tmp_path_factory):
     (root / "build").mkdir()
     shutil.copy2(built_project / "build" / "backendgen-built.json", root / "build" / "backendgen-built.json")
     log = tmp_path_factory.mktemp("killed-log") / "faults.log"
-    out = run_cli("add-op", "abs.out", "--project", str(root),
-                  env={"BACKENDGEN_FAULT": "add-op:written=SIGKILL", "BACKENDGEN_FAULT_LOG": str(log)})
+    out = run_cli(
+        "add-op",
+        "abs.out",
+        "--project",
+        str(root),
+        env={"BACKENDGEN_FAULT": "add-op:written=SIGKILL", "BACKENDGEN_FAULT_LOG": str(log)},
+    )
     assert out.returncode == -signal.SIGKILL, out.stdout + out.stderr
     assert "aten::abs.out" in (root / "backendgen.json").read_text()
     return root, run_cli("add-op", "abs.out", "--no-test", "--project", str(root))
@@ -180,7 +199,9 @@ def test_a_kill_between_recording_and_building_is_finished_by_the_rerun(killed_a
     assert "aten::abs.out" in json.loads((root / "build" / "backendgen-built.json").read_text())["entries"]
     report = api.check(root)
     about_abs = [f for f in report.findings if f.subject == "aten::abs.out" and f.severity.value == "error"]
-    assert about_abs == [] and report.exit_code == 0, [(f.subject, f.message) for f in report.findings if f.severity.value == "error"]
+    assert about_abs == [] and report.exit_code == 0, [
+        (f.subject, f.message) for f in report.findings if f.severity.value == "error"
+    ]
 
 
 def test_a_full_disk_while_the_library_is_installed_is_one_line(killed_and_rerun, tmp_path):
@@ -191,7 +212,9 @@ def test_a_full_disk_while_the_library_is_installed_is_one_line(killed_and_rerun
     root, _ = killed_and_rerun
     package = json.loads((root / "backendgen.json").read_text())["package"]
     # the next build takes the fast path (ninja, the link, the copy), as the rerun left it installed
-    assert (root / build.RECORD).exists() and build.installed_from(root, json.loads((root / "backendgen.json").read_text())["dist_name"])
+    assert (root / build.RECORD).exists() and build.installed_from(
+        root, json.loads((root / "backendgen.json").read_text())["dist_name"]
+    )
     so = build.extension_path(root, package)
     before = so.read_bytes()
     library = root / build.BuildRecord.load(root).library
@@ -201,8 +224,9 @@ def test_a_full_disk_while_the_library_is_installed_is_one_line(killed_and_rerun
     files = [p for p in pkg.rglob("*") if p.is_file()]
     room = sum(p.stat().st_size + 8192 for p in files) + (128 << 10)  # the package fits, a second library does not
     assert len(before) > 4 * (128 << 10)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(tmp_path)],
-                      capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(tmp_path)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         shutil.copytree(pkg, tmp_path / "pkg", symlinks=True)
@@ -247,6 +271,7 @@ def test_a_deleted_setup_py_is_named(built_copy):
 
 # --- file systems ------------------------------------------------------------------------------
 
+
 def test_a_read_only_project_is_one_line_and_unchanged(rendered_copy):
     before = _files(rendered_copy)
     with read_only(rendered_copy / "csrc" / "aten"):
@@ -257,6 +282,7 @@ def test_a_read_only_project_is_one_line_and_unchanged(rendered_copy):
 
 
 # --- environment -------------------------------------------------------------------------------
+
 
 def test_an_empty_cxx_is_one_line(rendered_copy):
     before = _files(rendered_copy)
@@ -286,6 +312,7 @@ def test_an_ascii_only_terminal_gets_ascii_progress(rendered_copy):
 
 # --- hand-edited metadata ----------------------------------------------------------------------
 
+
 def _edit(root: Path, change) -> None:
     path = root / "backendgen.json"
     data = json.loads(path.read_text())
@@ -293,14 +320,18 @@ def _edit(root: Path, change) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
-@pytest.mark.parametrize("change, field", [
-    (lambda d: d.update(package="../../escaped"), "package"),
-    (lambda d: d.update(device='x"; system("id"); //'), "device"),
-    (lambda d: d.update(torch="2.13.0"), "torch"),
-    (lambda d: d.update(torch={}), "torch is missing version"),
-    (lambda d: d["ops"][0].update(schema=3), "ops[0]"),
-    (lambda d: d.update(template_state="not-a-hash"), "template_state"),
-], ids=["package-escapes", "device-injects", "torch-string", "torch-empty", "op-field-number", "template-state"])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda d: d.update(package="../../escaped"), "package"),
+        (lambda d: d.update(device='x"; system("id"); //'), "device"),
+        (lambda d: d.update(torch="2.13.0"), "torch"),
+        (lambda d: d.update(torch={}), "torch is missing version"),
+        (lambda d: d["ops"][0].update(schema=3), "ops[0]"),
+        (lambda d: d.update(template_state="not-a-hash"), "template_state"),
+    ],
+    ids=["package-escapes", "device-injects", "torch-string", "torch-empty", "op-field-number", "template-state"],
+)
 def test_hand_edited_metadata_is_one_line_naming_the_field(rendered_copy, tmp_path, change, field):
     root = rendered_copy
     _edit(root, change)
@@ -330,13 +361,17 @@ def test_truncated_metadata_is_not_valid_json_not_outside_a_project(rendered_cop
 
 # --- --schema ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("schema, says", [
-    ("(Tensor x, float class=1.0) -> Tensor", "keyword"),
-    ("(Tensor x, float lambda) -> Tensor", "keyword"),
-    ("(Tensor x, float a, float a) -> Tensor", "used twice"),
-    ("(Tensor x, float a=banana) -> Tensor", "not a value of that type"),
-    ("(Tensor x, float \u00e9=1.0) -> Tensor", "not an ASCII identifier"),
-])
+
+@pytest.mark.parametrize(
+    "schema, says",
+    [
+        ("(Tensor x, float class=1.0) -> Tensor", "keyword"),
+        ("(Tensor x, float lambda) -> Tensor", "keyword"),
+        ("(Tensor x, float a, float a) -> Tensor", "used twice"),
+        ("(Tensor x, float a=banana) -> Tensor", "not a value of that type"),
+        ("(Tensor x, float \u00e9=1.0) -> Tensor", "not an ASCII identifier"),
+    ],
+)
 def test_a_schema_python_cannot_take_is_refused(rendered_copy, schema, says):
     device = json.loads((rendered_copy / "backendgen.json").read_text())["device"]
     before = _files(rendered_copy)
@@ -349,8 +384,12 @@ def test_what_a_schema_writes_parses(rendered_copy):
     import ast
 
     device = json.loads((rendered_copy / "backendgen.json").read_text())["device"]
-    res = api.add_ops([f"{device}::scaled"], rendered_copy, build_it=False,
-                      schema="(Tensor x, float a=1.0, bool b=True, int[2] c=[1,2], str? s=None) -> Tensor")
+    res = api.add_ops(
+        [f"{device}::scaled"],
+        rendered_copy,
+        build_it=False,
+        schema="(Tensor x, float a=1.0, bool b=True, int[2] c=[1,2], str? s=None) -> Tensor",
+    )
     for f in res.files:
         if f.suffix == ".py":
             compile(ast.parse(f.read_text()), str(f), "exec")
@@ -360,8 +399,15 @@ def test_amp_set_killed_before_its_build_is_finished_by_the_rerun(killed_and_rer
     """amp set recorded a policy and was killed before building it: the same amp set again builds it
     (it answered "already …: nothing to do" before), and then there is nothing left to do."""
     root, _ = killed_and_rerun
-    killed = run_cli("amp", "set", "add.Tensor", "lower_precision_fp", "--project", str(root),
-                     env={"BACKENDGEN_FAULT": "amp:written=SIGKILL"})
+    killed = run_cli(
+        "amp",
+        "set",
+        "add.Tensor",
+        "lower_precision_fp",
+        "--project",
+        str(root),
+        env={"BACKENDGEN_FAULT": "amp:written=SIGKILL"},
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     assert json.loads((root / "backendgen.json").read_text())["amp"]["add.Tensor"] == "lower_precision_fp"
     unbuilt = [f for f in api.check(root).findings if f.severity.value == "error"]

@@ -44,21 +44,28 @@ def test_every_argument_and_return_type_compiles_on_its_own(rendered_project, tm
     plans = _one_plan_per_type(db)
     assert len(plans) >= 20  # the torch has that many kinds of argument; fewer means the scan broke
     # and view kernels of each shape: a dtype-changing view, a list of views, a view with a device check
-    plans += [kernelgen.plan_kernel(db, db.resolve(n)) for n in ("view_as_real", "unbind.int", "_make_dual")
-              if db.resolve(n).qualified not in {p.target.qualified for p in plans}]
+    plans += [
+        kernelgen.plan_kernel(db, db.resolve(n))
+        for n in ("view_as_real", "unbind.int", "_make_dual")
+        if db.resolve(n).qualified not in {p.target.qualified for p in plans}
+    ]
     device = "kc"  # the kernels' namespace; any identifier
     torch_inc = db.info.torchgen_dir.parent / "torch" / "include"
     flags = ["-std=c++20", "-fsyntax-only", f"-I{torch_inc}", f"-I{torch_inc / 'torch/csrc/api/include'}"]
     files = []
     for plan in plans:
         path = tmp_path / f"{plan.file_stem}.cpp"
-        path.write_text(kernelgen.render_kernel(plan, device=device, source_path=path.name, torch_version=db.torch_version))
+        path.write_text(
+            kernelgen.render_kernel(plan, device=device, source_path=path.name, torch_version=db.torch_version)
+        )
         files.append(path)
     # kernel_support.h of the rendered project, under the namespace the kernels use
     support = (rendered_project / "csrc" / "aten" / "kernel_support.h").read_text()
     ns = re.search(r"namespace (\w+)::kernels", support).group(1)
     (tmp_path / "aten").mkdir()
-    (tmp_path / "aten" / "kernel_support.h").write_text(support.replace(f"namespace {ns}::kernels", f"namespace {device}::kernels"))
+    (tmp_path / "aten" / "kernel_support.h").write_text(
+        support.replace(f"namespace {ns}::kernels", f"namespace {device}::kernels")
+    )
 
     def compile_one(path: Path):
         out = subprocess.run(["c++", *flags, f"-I{tmp_path}", str(path)], capture_output=True, text=True)

@@ -40,9 +40,16 @@ def test_composite_implicit_is_refused_with_advice(db):
 
 @pytest.mark.parametrize(
     "name, base, list_of_views",
-    [("view_as_real", "self", False), ("view_as_complex", "self", False), ("unfold", "self", False),
-     ("diagonal", "self", False), ("view.dtype", "self", False), ("unbind.int", "self", True),
-     ("split.Tensor", "self", True), ("_make_dual", "primal", False)],
+    [
+        ("view_as_real", "self", False),
+        ("view_as_complex", "self", False),
+        ("unfold", "self", False),
+        ("diagonal", "self", False),
+        ("view.dtype", "self", False),
+        ("unbind.int", "self", True),
+        ("split.Tensor", "self", True),
+        ("_make_dual", "primal", False),
+    ],
 )
 def test_view_operators_get_a_view_kernel(db, name, base, list_of_views):
     plan = kernelgen.plan_kernel(db, db.resolve(name))
@@ -56,7 +63,9 @@ def test_view_operators_get_a_view_kernel(db, name, base, list_of_views):
     # metadata only: no stream work, no copies, no allocation
     for absent in ("StreamScope", "DeviceGuard", "to_device", "write_back", "empty_device"):
         assert absent not in text, absent
-    assert ("for (const at::Tensor& v : views) result.push_back(kernels::device_view(self, v));" in text) == list_of_views
+    assert (
+        "for (const at::Tensor& v : views) result.push_back(kernels::device_view(self, v));" in text
+    ) == list_of_views
     assert f"returns a view of `{base}`" in text
     test = kernelgen.render_test(plan, device="npu", source_path="csrc/aten/ops/x.cpp")
     compile(test, "test_x.py", "exec")
@@ -84,8 +93,14 @@ def test_the_view_operators_new_serves_are_derived_from_the_operator_database(db
     assert "view_as_real" not in kernelgen.view_ops_needing_kernels(db, [*builtin, "aten::view_as_real"])[0]
 
 
-@pytest.mark.parametrize("name, hint", [("_log_softmax_backward_data.out", "log_softmax"),
-                                        ("native_batch_norm_backward", "batch_norm"), ("nll_loss_backward", "nll_loss")])
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("_log_softmax_backward_data.out", "log_softmax"),
+        ("native_batch_norm_backward", "batch_norm"),
+        ("nll_loss_backward", "nll_loss"),
+    ],
+)
 def test_a_backward_operators_test_looks_for_its_forward_opinfo(db, name, hint):
     # a hint no OpInfo matches makes the generated test run every OpInfo looking for samples (~50 s)
     assert hint in kernelgen.opinfo_hints(db.resolve(name))
@@ -179,14 +194,17 @@ def test_functional_kernel_decides_its_outputs_on_the_device_tensors_and_queues_
     assert "meta.meta(self, k.guard_int(__FILE__, __LINE__), dim, largest, sorted);" in text
     # the computation is queued: the CPU's out= kernel on what the launch kept, into the outputs
     assert 'kernels::launch(run_on, "aten::topk", [self = kernels::held(self), k = kernels::keep(k)' in text
-    assert ("at::_ops::topk_values::call(self.get(), kernels::pass(k), kernels::pass(dim), kernels::pass(largest), "
-            "kernels::pass(sorted), result0_h.get(), result1_h.get());") in text
+    assert (
+        "at::_ops::topk_values::call(self.get(), kernels::pass(k), kernels::pass(dim), kernels::pass(largest), "
+        "kernels::pass(sorted), result0_h.get(), result1_h.get());"
+    ) in text
     assert plan.functional.signature + " {" in text
     assert "at::_ops::topk::schema topk;" in text and "decltype(topk), at::_ops::topk::schema>" in text
     # topk's meta is not a TensorIterator: the base class must not be told of the outputs
     assert "structured_topk::set_output_raw_strided" not in text
-    add = kernelgen.render_kernel(kernelgen.plan_kernel(db, db.resolve("add.out")), device="npu", source_path="x",
-                                  torch_version="x")
+    add = kernelgen.render_kernel(
+        kernelgen.plan_kernel(db, db.resolve("add.out")), device="npu", source_path="x", torch_version="x"
+    )
     assert "at::meta::structured_add_Tensor::set_output_raw_strided(i, sizes, strides, options);" in add
 
 
@@ -205,20 +223,27 @@ def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
     # the C++ meta function, not the dispatcher's Meta kernel (a Python registration, 100x slower)
     # queued only if the output keeps its geometry (a resize takes the calling thread's path, whose
     # write-back follows a CPU kernel that reshapes its output again, as mse_loss's reduction does)
-    assert ("if (kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), kernels::meta_like(other), "
-            "alpha, out_m); }) && kernels::same_geometry(out, out_m)) {") in text
+    assert (
+        "if (kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), kernels::meta_like(other), "
+        "alpha, out_m); }) && kernels::same_geometry(out, out_m)) {"
+    ) in text
     assert "at::_ops::add_out::call(self.get(), other.get(), kernels::pass(alpha), out.get());" in text
     # without a meta kernel in the installed torch, the body runs on the calling thread, in order
     assert text.index("kernels::launch(") < text.index("kernels::StreamScope on_stream(run_on")
 
 
-@pytest.mark.parametrize("name, queued", [
-    ("relu", True), ("native_batch_norm", True), ("_foreach_add_.List", True),
-    ("nonzero", False),  # its output's size depends on the data
-    ("bernoulli_.float", False),  # draws from a generator the host reads
-    ("t_", False),  # metadata changed in place
-    ("_local_scalar_dense", False),  # a value for the host
-])
+@pytest.mark.parametrize(
+    "name, queued",
+    [
+        ("relu", True),
+        ("native_batch_norm", True),
+        ("_foreach_add_.List", True),
+        ("nonzero", False),  # its output's size depends on the data
+        ("bernoulli_.float", False),  # draws from a generator the host reads
+        ("t_", False),  # metadata changed in place
+        ("_local_scalar_dense", False),  # a value for the host
+    ],
+)
 def test_kernels_the_host_must_wait_for_are_not_queued(db, name, queued):
     assert kernelgen.queued(db.resolve(name)) is queued
 
@@ -239,8 +264,10 @@ def test_kernels_check_devices_by_the_operators_rule(db, op, rule):
 
 def test_registration_registers_the_functional_kernel_beside_the_out_kernel(db):
     plan = kernelgen.plan_kernel(db, db.resolve("add.out"))
-    entries = [kernelgen.registration_entry(plan, device="npu"),
-               kernelgen.registration_entry(plan, device="npu", op=plan.functional)]
+    entries = [
+        kernelgen.registration_entry(plan, device="npu"),
+        kernelgen.registration_entry(plan, device="npu", op=plan.functional),
+    ]
     text = registration.render(entries, device="npu")
     assert 'm.impl("add.Tensor", TORCH_FN(npu::ops::add_out::add_Tensor));' in text
     assert 'm.impl("add.out", TORCH_FN(npu::ops::add_out::add_out_out));' in text
@@ -254,8 +281,10 @@ def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(d
         assert "common_device" not in text and "empty_device" not in text and "_native.h" not in text
         assert "OptionalDeviceGuard guard(run_on);" in text
     cat = kernelgen.kernel_body(kernelgen.plan_kernel(db, db.resolve("cat")).target, features=TEMPLATE_1)
-    assert cat.setup[:2] == ["at::Tensor tensors_first = tensors.size() ? *tensors.begin() : at::Tensor();",
-                             "const c10::Device run_on = kernels::device_of(tensors_first);"]
+    assert cat.setup[:2] == [
+        "at::Tensor tensors_first = tensors.size() ? *tensors.begin() : at::Tensor();",
+        "const c10::Device run_on = kernels::device_of(tensors_first);",
+    ]
 
 
 def test_structured_operators_without_a_native_out_form_fall_back_whole(db):

@@ -24,8 +24,11 @@ def project(rendered_project, tmp_path):
 
 
 def _protocol_methods() -> set[str]:
-    return {name for name, value in vars(kindmod.OperatorKind).items()
-            if inspect.isfunction(value) and not name.startswith("_")}
+    return {
+        name
+        for name, value in vars(kindmod.OperatorKind).items()
+        if inspect.isfunction(value) and not name.startswith("_")
+    }
 
 
 def test_every_registered_kind_implements_the_whole_protocol():
@@ -37,13 +40,16 @@ def test_every_registered_kind_implements_the_whole_protocol():
         assert kind.section in {"ops", "custom_ops", "autograd_overrides"}
 
 
-@pytest.mark.parametrize("name, autograd, kind", [
-    ("aten::mul.Tensor", False, "kernel"),
-    ("mul.Tensor", False, "kernel"),
-    ("aten::sin", True, "autograd override"),
-    ("mychip::scale", False, "own operator"),
-    ("mychip::scale", True, "own operator"),
-])
+@pytest.mark.parametrize(
+    "name, autograd, kind",
+    [
+        ("aten::mul.Tensor", False, "kernel"),
+        ("mul.Tensor", False, "kernel"),
+        ("aten::sin", True, "autograd override"),
+        ("mychip::scale", False, "own operator"),
+        ("mychip::scale", True, "own operator"),
+    ],
+)
 def test_each_name_goes_to_its_kind(name, autograd, kind):
     assert registry.kind_of(name, "mychip", Request(autograd=autograd)).name == kind
 

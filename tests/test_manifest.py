@@ -58,16 +58,24 @@ def test_a_new_source_file_without_a_manifest_entry_is_named(template_copy):
     assert contract.audit(template_copy) == [
         "csrc/runtime/event_pool.cpp: no integration point owns it; add one to template.json (or the file to an entry)"
     ]
-    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
-        {"name": "event pool", "paths": ["csrc/runtime/event_pool.cpp"], "about": "", "replace": "no"}))
+    _edit_manifest(
+        template_copy,
+        lambda d: d["integration_points"].append(
+            {"name": "event pool", "paths": ["csrc/runtime/event_pool.cpp"], "about": "", "replace": "no"}
+        ),
+    )
     assert contract.audit(template_copy) == []
 
 
 def test_a_registration_the_manifest_does_not_list_is_named(template_copy):
     conv = template_copy / contract.PROJECT_DIR / "csrc" / "aten" / "convolution.cpp"
     text = conv.read_text()
-    conv.write_text(text.replace('  m.impl("convolution_overrideable"',
-                                 '  m.impl("slow_conv2d_forward", TORCH_FN(f));\n  m.impl("convolution_overrideable"'))
+    conv.write_text(
+        text.replace(
+            '  m.impl("convolution_overrideable"',
+            '  m.impl("slow_conv2d_forward", TORCH_FN(f));\n  m.impl("convolution_overrideable"',
+        )
+    )
     (conv.parent / "fallback.cpp").write_text((conv.parent / "fallback.cpp").read_text() + "\nREGISTER_FOO_HOOK(x);\n")
     assert sorted(contract.audit(template_copy)) == [
         "CPU fallback: static registration REGISTER_FOO_HOOK is not in template.json",
@@ -92,7 +100,6 @@ def test_a_listed_registration_or_api_the_template_lacks_is_named(template_copy)
     ]
 
 
-
 def test_kernel_helpers_and_the_setup_protocol_are_held_to_the_manifest(template_copy):
     def change(d):
         provides = _point(d, "kernel support")["provides"]
@@ -108,12 +115,17 @@ def test_kernel_helpers_and_the_setup_protocol_are_held_to_the_manifest(template
         "setup.py: its `unity` command does not print 'sources:' (template.json build.sources_prefix)",
     ]
 
+
 def test_only_the_files_the_manifest_lists_may_include_the_emulator_header(template_copy):
     csrc = template_copy / contract.PROJECT_DIR / "csrc"
     kernel = csrc / "aten" / "my_op.cpp"  # a kernel reaching past kernel_support.h
     kernel.write_text('#include "aten/kernel_support.h"\n#include "driver/emulator.h"\n')
-    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
-        {"name": "my op", "paths": ["csrc/aten/my_op.cpp"], "about": "", "replace": "no"}))
+    _edit_manifest(
+        template_copy,
+        lambda d: d["integration_points"].append(
+            {"name": "my op", "paths": ["csrc/aten/my_op.cpp"], "about": "", "replace": "no"}
+        ),
+    )
     assert contract.audit(template_copy) == [
         "csrc/aten/my_op.cpp: includes csrc/driver/emulator.h, the emulator's own calls; only the files "
         "template.json lists in emulator.users may (the rest reach the device through driver.h, kernels through "
@@ -128,7 +140,8 @@ def test_only_the_files_the_manifest_lists_may_include_the_emulator_header(templ
     j2.write_text(j2.read_text() + "// void* p = emulator::host_address(self.data_ptr());\n")
     assert sorted(contract.audit(template_copy)) == [
         "emulator: csrc/aten/kernel_support.h is a header: every file that includes it would reach the emulator",
-        "emulator: csrc/distributed/host_memory.cpp is a user in template.json but does not include csrc/driver/emulator.h",
+        "emulator: csrc/distributed/host_memory.cpp is a user in template.json but does not include "
+        "csrc/driver/emulator.h",
         "ops/kernel.cpp.j2: generated code reaches the emulator (emulator.h or emulator::); generated kernels use "
         "kernels:: helpers (kernel_support.h)",
     ]
@@ -192,7 +205,7 @@ def test_the_supported_torch_versions_are_written_once():
 
 def test_the_generated_readme_lists_every_integration_point(rendered_project):
     readme = (rendered_project / "README.md").read_text()
-    table = readme[readme.index("## What is where"):readme.index("Start with the driver")]
+    table = readme[readme.index("## What is where") : readme.index("Start with the driver")]
     rows = [ln for ln in table.splitlines() if ln.startswith("| `")]
     m = manifest.load()
     assert len(rows) == len(m.integration_points)
@@ -206,10 +219,15 @@ def test_a_source_folder_no_unity_group_compiles_is_named(template_copy):
     new = template_copy / contract.PROJECT_DIR / "csrc" / "collectives" / "ring.cpp"
     new.parent.mkdir()
     new.write_text("")
-    _edit_manifest(template_copy, lambda d: d["integration_points"].append(
-        {"name": "ring", "paths": ["csrc/collectives/"], "about": "", "replace": "no"}))
-    assert contract.audit(template_copy) == ["csrc/collectives/ring.cpp: no unity group in setup.py's GROUPS compiles it"]
-
+    _edit_manifest(
+        template_copy,
+        lambda d: d["integration_points"].append(
+            {"name": "ring", "paths": ["csrc/collectives/"], "about": "", "replace": "no"}
+        ),
+    )
+    assert contract.audit(template_copy) == [
+        "csrc/collectives/ring.cpp: no unity group in setup.py's GROUPS compiles it"
+    ]
 
 
 def test_check_finds_every_registration_the_manifest_lists_in_the_built_backend(installed):
@@ -223,8 +241,14 @@ def test_check_finds_every_registration_the_manifest_lists_in_the_built_backend(
 
 
 def test_check_names_a_registration_the_built_backend_lacks(installed, monkeypatch):
-    patch_integration_point(monkeypatch, "minimal operators", lambda point: {
-        "registers": {**point.registers, "PrivateUse1": (*point.registers["PrivateUse1"], "aten::erf.out")}})
-    [finding] = [f for f in check_project(Project.load(installed)).findings
-                 if f.area == "extension" and f.severity != "ok"]
+    patch_integration_point(
+        monkeypatch,
+        "minimal operators",
+        lambda point: {
+            "registers": {**point.registers, "PrivateUse1": (*point.registers["PrivateUse1"], "aten::erf.out")}
+        },
+    )
+    [finding] = [
+        f for f in check_project(Project.load(installed)).findings if f.area == "extension" and f.severity != "ok"
+    ]
     assert finding.subject == "aten::erf.out" and "registers no PrivateUse1 kernel" in finding.message

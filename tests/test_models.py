@@ -22,8 +22,13 @@ def test_the_generated_backend_passes_its_model_suite(built_project, opt_in_run)
     assert "model suite: passed" in out.stdout, out.stdout + out.stderr + text[-6000:]
     summary = text.strip().splitlines()[-1]
     passed = int(re.search(r"(\d+) passed", summary).group(1))
-    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                "-m", "models", MODEL_TESTS], cwd=built_project, capture_output=True, text=True, timeout=300)
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "models", MODEL_TESTS],
+        cwd=built_project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     total = int(re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", collected.stdout).group(1))
     assert passed >= 30, summary
     # every test ran and passed, but those of a third-party package this environment lacks

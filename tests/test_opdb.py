@@ -82,8 +82,13 @@ def test_cache_is_keyed_by_version_and_hash_and_survives_corruption(tmp_path, mo
 
 
 # The fused RNN cells have CUDA kernels only: the CPU fallback has nothing to run for them.
-CUDA_ONLY = ["_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
-             "_thnn_fused_gru_cell_backward", "cudnn_convolution"]
+CUDA_ONLY = [
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_lstm_cell_backward_impl",
+    "_thnn_fused_gru_cell",
+    "_thnn_fused_gru_cell_backward",
+    "cudnn_convolution",
+]
 
 
 @pytest.mark.parametrize("name", CUDA_ONLY)
@@ -93,8 +98,19 @@ def test_operators_without_a_cpu_kernel_are_known_from_the_yaml(db, name):
     assert db.missing_cpu_kernel(op) is op
 
 
-@pytest.mark.parametrize("name", ["sin", "sin.out", "mul.out", "empty_strided", "convolution_overrideable",
-                                  "_thnn_fused_lstm_cell_backward", "linear", "_thnn_fused_lstm_cell.out"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sin",
+        "sin.out",
+        "mul.out",
+        "empty_strided",
+        "convolution_overrideable",
+        "_thnn_fused_lstm_cell_backward",
+        "linear",
+        "_thnn_fused_lstm_cell.out",
+    ],
+)
 def test_operators_the_cpu_can_run_or_decompose_do_not_lack_one(db, name):
     assert not db.resolve(name).lacks_cpu_kernel
 
@@ -119,13 +135,21 @@ def test_lacking_a_cpu_kernel_agrees_with_the_live_dispatcher(db):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CPU"), name
 
 
-@pytest.mark.parametrize(("name", "kind"), [
-    ("add.Tensor", ReturnKind.TENSOR), ("add_.Tensor", ReturnKind.TENSOR_REF), ("add.out", ReturnKind.TENSOR_REF),
-    ("max.dim", ReturnKind.TUPLE_OF_TENSORS), ("max.dim_max", ReturnKind.TUPLE_OF_REFS),
-    ("unbind.int", ReturnKind.TENSOR_LIST), ("_foreach_add_.Scalar", ReturnKind.NONE),
-    ("_local_scalar_dense", ReturnKind.VALUE), ("_batch_norm_impl_index", ReturnKind.TUPLE),
-    ("resize_", ReturnKind.OTHER_TENSOR),
-])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("add.Tensor", ReturnKind.TENSOR),
+        ("add_.Tensor", ReturnKind.TENSOR_REF),
+        ("add.out", ReturnKind.TENSOR_REF),
+        ("max.dim", ReturnKind.TUPLE_OF_TENSORS),
+        ("max.dim_max", ReturnKind.TUPLE_OF_REFS),
+        ("unbind.int", ReturnKind.TENSOR_LIST),
+        ("_foreach_add_.Scalar", ReturnKind.NONE),
+        ("_local_scalar_dense", ReturnKind.VALUE),
+        ("_batch_norm_impl_index", ReturnKind.TUPLE),
+        ("resize_", ReturnKind.OTHER_TENSOR),
+    ],
+)
 def test_an_operator_s_return_has_a_kind(db, name, kind):
     assert db.resolve(name).return_kind is kind
 
@@ -133,9 +157,13 @@ def test_an_operator_s_return_has_a_kind(db, name, kind):
 def test_return_kinds_agree_with_the_cpp_return_types(db):
     """The kinds come from torchgen's model, not from the C++ spelling; every operator's kind says what its
     spelling says (the generators branch on the kind and spell the type)."""
+
     def spelled(items):
-        one = {ReturnKind.TENSOR: "at::Tensor", ReturnKind.TENSOR_REF: "at::Tensor &",
-               ReturnKind.TENSOR_LIST: "::std::vector<at::Tensor>"}
+        one = {
+            ReturnKind.TENSOR: "at::Tensor",
+            ReturnKind.TENSOR_REF: "at::Tensor &",
+            ReturnKind.TENSOR_LIST: "::std::vector<at::Tensor>",
+        }
         return [one.get(k) for k in items]
 
     for op in db.all():

@@ -125,8 +125,9 @@ def test_cnn_with_adam_names_its_fallbacks_and_their_add_op_commands_make_them_n
 
     # run the printed command as a user would, in the project ...
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    ran = subprocess.run(command, shell=True, cwd=installed, env=env, capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL)
+    ran = subprocess.run(
+        command, shell=True, cwd=installed, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "built and tested" in ran.stdout
     adding = time.monotonic()
@@ -143,8 +144,10 @@ def test_cnn_with_adam_names_its_fallbacks_and_their_add_op_commands_make_them_n
     after = [float(v) for v in re.findall(r"loss (\S+)", again.stderr)]
     assert len(before) == len(after) == 3 and after == pytest.approx(before, rel=1e-3, abs=1e-4)
     assert before[2] < before[0]
-    print(f"\ntimings: profile {first - start:.1f} s, add-op of {len(added)} ops {adding - first:.1f} s, "
-          f"profile again {time.monotonic() - adding:.1f} s")
+    print(
+        f"\ntimings: profile {first - start:.1f} s, add-op of {len(added)} ops {adding - first:.1f} s, "
+        f"profile again {time.monotonic() - adding:.1f} s"
+    )
 
 
 FAILING = """
@@ -189,7 +192,9 @@ def test_a_script_that_fails_still_gets_its_profile_and_its_arguments(installed,
         assert "note:" not in out.stdout
     if how == "raise":
         assert "ValueError: boom from the script" in out.stderr
-        assert f'File "{script}"' in out.stderr and "runpy" not in out.stderr  # the script's frames, as python shows them
+        assert (
+            f'File "{script}"' in out.stderr and "runpy" not in out.stderr
+        )  # the script's frames, as python shows them
 
 
 def test_json_report_parses_and_keeps_the_scripts_stdout_apart(installed, tmp_path):
@@ -197,8 +202,17 @@ def test_json_report_parses_and_keeps_the_scripts_stdout_apart(installed, tmp_pa
     script = tmp_path / "scripts" / "s.py"
     script.write_text("import helper  # beside the script, as `python scripts/s.py` finds it\n" + FAILING)
     (tmp_path / "scripts" / "helper.py").write_text("")
-    out = run_cli("profile", "--json", "--project", str(installed), str(script), _device(installed),
-                  str(tmp_path / "argv.json"), "return", cwd=tmp_path)
+    out = run_cli(
+        "profile",
+        "--json",
+        "--project",
+        str(installed),
+        str(script),
+        _device(installed),
+        str(tmp_path / "argv.json"),
+        "return",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert "about to stop: return" in out.stderr
@@ -229,15 +243,20 @@ def test_operators_one_kernel_serves_are_merged_and_the_others_get_a_reason(rend
     assert mse.target == "aten::mse_loss.out" and mse.reason is None and mse.calls == 3 and mse.seconds == 0.75
     atan2 = by[("aten::atan2.out", "aten::atan2_")]
     assert atan2.target == "aten::atan2.out" and atan2.calls == 8
-    assert by[("aten::_values",)].target is None and "returns a view but has no CPU kernel" in by[("aten::_values",)].reason
+    assert (
+        by[("aten::_values",)].target is None
+        and "returns a view but has no CPU kernel" in by[("aten::_values",)].reason
+    )
     assert by[("aten::dropout",)].target is None and "CompositeImplicitAutograd" in by[("aten::dropout",)].reason
     assert by[("myns::custom",)].target is None and "not an ATen operator" in by[("myns::custom",)].reason
     assert "rebuild" in by[("aten::mul.out",)].reason
     assert entries[0].names == ["myns::custom"] and entries[1] is mse  # ranked by time
     targets = [e.target for e in entries if e.target and e.reason is None]
     assert prof.add_op_command(targets, None) == "backendgen add-op aten::mse_loss.out aten::atan2.out"
-    assert prof.add_op_command(["aten::abs.out"], Path("/tmp/my project")) == \
-        "backendgen add-op aten::abs.out --project '/tmp/my project'"
+    assert (
+        prof.add_op_command(["aten::abs.out"], Path("/tmp/my project"))
+        == "backendgen add-op aten::abs.out --project '/tmp/my project'"
+    )
 
 
 def test_bad_input_is_one_line_and_exit_2(rendered_project, project_copy, tmp_path):

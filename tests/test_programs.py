@@ -12,25 +12,46 @@ from backendgen.plumbing.environment import subprocess_env
 
 
 def _run(name: str, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", f"backendgen.programs.{name}", *args], capture_output=True,
-                          text=True, env=env or subprocess_env(autoload="0"), timeout=300, check=False, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", f"backendgen.programs.{name}", *args],
+        capture_output=True,
+        text=True,
+        env=env or subprocess_env(autoload="0"),
+        timeout=300,
+        check=False,
+        **kw,
+    )
 
 
 def test_programs_import_no_other_backendgen_module():
-    code = ("import json, sys, backendgen.programs.probe, backendgen.programs.warm_pytest, "
-            "backendgen.programs.torch_names, backendgen.programs.profile_runner; "
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('backendgen') or m == 'torch')))")
+    code = (
+        "import json, sys, backendgen.programs.probe, backendgen.programs.warm_pytest, "
+        "backendgen.programs.torch_names, backendgen.programs.profile_runner; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('backendgen') or m == 'torch')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == ["backendgen", "backendgen.plumbing.files", "backendgen.programs", "backendgen.programs.probe",
-                                      "backendgen.programs.profile_runner", "backendgen.programs.torch_names",
-                                      "backendgen.programs.warm_pytest"]
+    assert json.loads(out.stdout) == [
+        "backendgen",
+        "backendgen.plumbing.files",
+        "backendgen.programs",
+        "backendgen.programs.probe",
+        "backendgen.programs.profile_runner",
+        "backendgen.programs.torch_names",
+        "backendgen.programs.warm_pytest",
+    ]
 
 
 def test_probe_reports_apis_schemas_and_a_package_that_fails_to_load():
-    req = {"package": "no_such_backend_pkg", "py_apis": ["torch.Stream", "torch.no_such_api"],
-           "schemas": {"aten::add.Tensor": "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-                       "aten::no_such_op": "aten::no_such_op(Tensor self) -> Tensor"},
-           "ops": ["aten::add.Tensor"], "keys": {}}
+    req = {
+        "package": "no_such_backend_pkg",
+        "py_apis": ["torch.Stream", "torch.no_such_api"],
+        "schemas": {
+            "aten::add.Tensor": "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "aten::no_such_op": "aten::no_such_op(Tensor self) -> Tensor",
+        },
+        "ops": ["aten::add.Tensor"],
+        "keys": {},
+    }
     out = _run("probe", json.dumps(req))
     assert out.returncode == 0, out.stderr
     results = [json.loads(line) for line in out.stdout.splitlines()]
@@ -45,8 +66,13 @@ def test_probe_reports_apis_schemas_and_a_package_that_fails_to_load():
 
 def test_probe_of_a_package_that_loads(tmp_path):
     (tmp_path / "fine_pkg.py").write_text("")
-    req = {"package": "fine_pkg", "py_apis": [], "schemas": {}, "ops": ["aten::add.Tensor"],
-           "keys": {"aten::add.Tensor": ["CPU"]}}
+    req = {
+        "package": "fine_pkg",
+        "py_apis": [],
+        "schemas": {},
+        "ops": ["aten::add.Tensor"],
+        "keys": {"aten::add.Tensor": ["CPU"]},
+    }
     req["device_module"] = ["device_count", "_utils._get_device_index"]
     out = _run("probe", json.dumps(req), env=subprocess_env(autoload="0", pythonpath=tmp_path))
     lines = {key: value for line in out.stdout.splitlines() for key, value in json.loads(line).items()}
@@ -66,7 +92,8 @@ def test_torch_names():
 
 def _tiny_suite(tmp_path: Path) -> Path:
     (tmp_path / "test_tiny.py").write_text(
-        "import os\n\n\ndef test_autoload_is_unset():\n    assert 'TORCH_DEVICE_BACKEND_AUTOLOAD' not in os.environ\n")
+        "import os\n\n\ndef test_autoload_is_unset():\n    assert 'TORCH_DEVICE_BACKEND_AUTOLOAD' not in os.environ\n"
+    )
     return tmp_path
 
 
@@ -99,14 +126,23 @@ def test_profile_runner_runs_the_script_and_writes_the_counters(tmp_path):
     (site / "sitecustomize.py").write_text(
         "import types, torch\n"
         "torch.fakedev = types.SimpleNamespace(fallback_stats=lambda: {'aten::addcmul.out': (3, 0.25)},\n"
-        "                                      reset_fallback_counts=lambda: None)\n")
+        "                                      reset_fallback_counts=lambda: None)\n"
+    )
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "helper.py").write_text("VALUE = 7\n")
     script = tmp_path / "scripts" / "script.py"
     script.write_text("import sys\nimport helper\nprint(helper.VALUE, sys.argv[1:])\nsys.exit(3)\n")
     result = tmp_path / "profile.json"
-    out = _run("profile_runner", str(result), "fakedev", str(script), "--flag", "x",
-               env=subprocess_env(autoload="1", pythonpath=site), cwd=tmp_path)
+    out = _run(
+        "profile_runner",
+        str(result),
+        "fakedev",
+        str(script),
+        "--flag",
+        "x",
+        env=subprocess_env(autoload="1", pythonpath=site),
+        cwd=tmp_path,
+    )
     assert out.returncode == 3, out.stderr
     assert out.stdout == "7 ['--flag', 'x']\n"
     data = json.loads(result.read_text())

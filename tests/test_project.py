@@ -32,8 +32,11 @@ def test_rendered_project_metadata_records_everything(rendered_project):
         ("{truncated", "corrupted"),
         ('{"format": 1}', "missing"),
         ('{"format": 99, "device": "x", "package": "p", "dist_name": "d", "torch": {}, "ops": []}', "format 99"),
-        ('{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, '
-         '"ops": [1]}', "ops.0. is malformed"),
+        (
+            '{"format": 1, "device": "x", "package": "p", "dist_name": "d", "torch": {"version": "2.13.0"}, '
+            '"ops": [1]}',
+            "ops.0. is malformed",
+        ),
     ],
 )
 def test_missing_or_corrupted_metadata_is_a_clear_error(tmp_path, content, match):
@@ -101,6 +104,7 @@ def test_a_project_is_read_with_the_paths_of_its_own_template_version(monkeypatc
     monkeypatch.setattr(history, "blob", blobs.__getitem__)
     history.paths_of.cache_clear()
     try:
+
         def project(version):
             return Project(tmp_path, {"template_version": version})
 

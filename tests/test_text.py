@@ -93,7 +93,9 @@ def test_loader_message_in_a_check_finding(built_project, tmp_path):
     shutil.copytree(built_project, root, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     [so] = (root / json.loads((root / "backendgen.json").read_text())["package"]).glob("_C*.so")
     src = tmp_path / "stale.c"
-    src.write_text("extern void at_symbol_from_another_torch(void);\nvoid PyInit__C(void) { at_symbol_from_another_torch(); }\n")
+    src.write_text(
+        "extern void at_symbol_from_another_torch(void);\nvoid PyInit__C(void) { at_symbol_from_another_torch(); }\n"
+    )
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     out = run_cli("check", "--project", str(root))
     assert out.returncode == 1, out.stdout + out.stderr
@@ -110,9 +112,15 @@ def test_compiler_message_in_a_build_error(rendered_project, tmp_path):
     shutil.copytree(rendered_project, root)
     first = sorted((root / "csrc" / "aten").glob("*.cpp"))[0]  # the first file of the unit ninja compiles first
     message = "[/bold] [red]x[/] [link=file:x]y[/link]"  # (// would start a comment)
-    first.write_text(f"#error {message}\n#include \"stop_here.h\"\n" + first.read_text())
-    out = run_cli("add-op", "abs.out", "--no-test", "--project", str(root),
-                  env={"MAX_JOBS": "1", "CFLAGS": "-fdiagnostics-color=always", "CLICOLOR_FORCE": "1"})
+    first.write_text(f'#error {message}\n#include "stop_here.h"\n' + first.read_text())
+    out = run_cli(
+        "add-op",
+        "abs.out",
+        "--no-test",
+        "--project",
+        str(root),
+        env={"MAX_JOBS": "1", "CFLAGS": "-fdiagnostics-color=always", "CLICOLOR_FORCE": "1"},
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     shown = _clean(out)
     assert "build failed" in shown and f"#error {message}" in shown

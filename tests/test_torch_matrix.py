@@ -64,7 +64,9 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         default = version == support.TESTED[0]
         new = venv.run("backendgen", "new", device, *(["--no-test"] if default else []), cwd=work)
         venv.backends.add(f"torch-{device}")
-        assert new.returncode == 0 and ("built" if default else "built and tested") in new.stdout, new.stdout + new.stderr
+        assert new.returncode == 0 and ("built" if default else "built and tested") in new.stdout, (
+            new.stdout + new.stderr
+        )
         assert "note:" not in new.stdout  # a tested torch gets no "untested" note
         project = work / f"torch-{device}"
         # kernels, the backend's own operator with a backward and an autocast policy, typed by this
@@ -75,18 +77,40 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         assert add.returncode == 0, add.stdout + add.stderr
         for op in ("aten::abs.out", "aten::topk.values", "aten::index.Tensor_out", "aten::cat.out"):
             assert op in add.stdout
-        own = venv.run("backendgen", "add-op", f"{device}::scale", "--schema", "(Tensor x, float alpha=1.0) -> Tensor",
-                       "--body", "x * alpha + at::sin(x)", "--autograd", "--no-build", cwd=project)
+        own = venv.run(
+            "backendgen",
+            "add-op",
+            f"{device}::scale",
+            "--schema",
+            "(Tensor x, float alpha=1.0) -> Tensor",
+            "--body",
+            "x * alpha + at::sin(x)",
+            "--autograd",
+            "--no-build",
+            cwd=project,
+        )
         assert own.returncode == 0, own.stdout + own.stderr
         policy = venv.run("backendgen", "amp", "set", "add.Tensor", "lower_precision_fp", "--no-build", cwd=project)
         assert policy.returncode == 0, policy.stdout + policy.stderr
         added = venv.run("backendgen", "add-op", "aten::hypot", "--autograd", cwd=project)
         assert added.returncode == 0 and "built and tested" in added.stdout, added.stdout + added.stderr
         # the added operators' generated tests (the default operators' ran in `new`'s suite)
-        added_tests = sorted(str(p.relative_to(project)) for name in ("abs", "topk", "index", "cat", "scale", "hypot")
-                             for p in (project / "tests" / "ops").glob(f"test_*{name}*.py"))
-        generated = venv.run(str(venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *added_tests,
-                             "tests/test_amp_policies.py", cwd=project)
+        added_tests = sorted(
+            str(p.relative_to(project))
+            for name in ("abs", "topk", "index", "cat", "scale", "hypot")
+            for p in (project / "tests" / "ops").glob(f"test_*{name}*.py")
+        )
+        generated = venv.run(
+            str(venv.python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *added_tests,
+            "tests/test_amp_policies.py",
+            cwd=project,
+        )
         assert generated.returncode == 0 and "failed" not in generated.stdout, generated.stdout[-4000:]
         for name in ("abs", "topk", "index", "cat", "scale"):
             assert list((project / "tests" / "ops").glob(f"test_*{name}*.py")), name  # the tests that ran
@@ -101,10 +125,21 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         # as the generated README runs it (`backendgen test --compile`, which first reruns the quick
         # suite `new` just ran, is the session's own test on the default torch: tests/test_compile.py)
         if version != support.TESTED[0]:
-            compiled = venv.run(str(venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "compile",
-                                "tests/test_compile.py", cwd=project)
+            compiled = venv.run(
+                str(venv.python),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "compile",
+                "tests/test_compile.py",
+                cwd=project,
+            )
             assert compiled.returncode == 0 and " passed" in compiled.stdout and "failed" not in compiled.stdout, (
-                compiled.stdout[-4000:] + compiled.stderr[-2000:])
+                compiled.stdout[-4000:] + compiled.stderr[-2000:]
+            )
     finally:
         venv.uninstall_backends()  # one PrivateUse1 backend per environment: leave room for the next test
     log(f"matrix torch {version}: {time.monotonic() - start:.0f} s after its venv was ready")
@@ -138,8 +173,13 @@ def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
         check = new.run("backendgen", "check", cwd=project)
         assert check.returncode == 1, check.stdout + check.stderr
         _no_traceback(check)
-        for named in ("aten::cholesky", "removed from torch", "aten::_cdist_backward", "schema changed",
-                      f"built for torch {UPGRADE[0]} but torch {UPGRADE[1]} is installed"):
+        for named in (
+            "aten::cholesky",
+            "removed from torch",
+            "aten::_cdist_backward",
+            "schema changed",
+            f"built for torch {UPGRADE[0]} but torch {UPGRADE[1]} is installed",
+        ):
             assert named in check.stdout, (named, check.stdout)
         report = json.loads(new.run("backendgen", "check", "--json", cwd=project).stdout)
         kinds = {(f["subject"], f["detail"].get("kind")) for f in report["findings"] if f["severity"] != "ok"}
@@ -161,8 +201,9 @@ def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
         passed = new.run("backendgen", "check", cwd=project)
         assert passed.returncode == 0, passed.stdout + passed.stderr
         accepted = new.run("backendgen", "check", "--accept", cwd=project)
-        assert accepted.returncode == 0 and "accepted: backendgen.json now targets torch" in accepted.stdout, \
+        assert accepted.returncode == 0 and "accepted: backendgen.json now targets torch" in accepted.stdout, (
             accepted.stdout + accepted.stderr
+        )
         assert "aten::_cdist_backward" in accepted.stdout  # its renamed argument is recorded
         tested = new.run("backendgen", "build", "--test", cwd=project)
         assert tested.returncode == 0 and "built and tested" in tested.stdout, tested.stdout + tested.stderr

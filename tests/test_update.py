@@ -30,8 +30,18 @@ REPO = Path(__file__).resolve().parent.parent
 CURRENT = history.current_version()
 # The last commit of each template version: what a user of that release had (backendgen/project/history.py).
 # Template 1 is the one without the manifest's common_device feature (kernel_support.h without common_device).
-RELEASES = {1: "b423b73^", 2: "24570a6^", 3: "fe16aed^", 4: "c9773cd^", 5: "bcfcf5a^", 6: "ba6b476", 7: "66f787d",
-            8: "87cc645", 9: "5739e41", 10: "37bea23"}
+RELEASES = {
+    1: "b423b73^",
+    2: "24570a6^",
+    3: "fe16aed^",
+    4: "c9773cd^",
+    5: "bcfcf5a^",
+    6: "ba6b476",
+    7: "66f787d",
+    8: "87cc645",
+    9: "5739e41",
+    10: "37bea23",
+}
 OLD_OPS = ["abs.out", "mse_loss"]  # a plain kernel (edited below) and a structured one
 KERNEL = "csrc/aten/ops/abs.cpp"
 DRIVER = "csrc/driver/driver.cpp"
@@ -49,8 +59,12 @@ def _commit(root: Path, message: str) -> None:
 
 
 def _has_history() -> bool:
-    return subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{RELEASES[1]}^{{commit}}"],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{RELEASES[1]}^{{commit}}"], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 @pytest.fixture(scope="session")
@@ -68,18 +82,21 @@ def old_backendgen(tmp_path_factory):
             base = tmp_path_factory.mktemp(f"old{version}")
             tool = base / "tool"
             tool.mkdir()
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "backendgen", "template"],
-                                     capture_output=True, check=True).stdout
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", commit, "backendgen", "template"], capture_output=True, check=True
+            ).stdout
             subprocess.run(["tar", "x", "-C", str(tool)], input=archive, check=True)
             root = base / "project"
             env = {**os.environ, "PYTHONPATH": str(tool), "BACKENDGEN_CACHE_DIR": str(base / "cache")}
             env.pop("BACKENDGEN_TEMPLATE_DIR", None)
             # new refuses a device whose distribution is installed from elsewhere; the build tests
             # need the session backend's name (one backend per environment) and build nothing here
-            script = (f"from pathlib import Path\nfrom backendgen import api\n"
-                      f"api._check_not_installed_elsewhere = lambda *a: None\n"
-                      f"api.new_backend({device!r}, Path({str(root)!r}), build_it=False)\n"
-                      f"api.add_ops({OLD_OPS!r}, Path({str(root)!r}), build_it=False)\n")
+            script = (
+                f"from pathlib import Path\nfrom backendgen import api\n"
+                f"api._check_not_installed_elsewhere = lambda *a: None\n"
+                f"api.new_backend({device!r}, Path({str(root)!r}), build_it=False)\n"
+                f"api.add_ops({OLD_OPS!r}, Path({str(root)!r}), build_it=False)\n"
+            )
             proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=base)
             assert proc.returncode == 0, proc.stderr
             assert json.loads((root / "backendgen.json").read_text())["template_version"] == str(version)
@@ -137,36 +154,48 @@ def assert_on_current_template(root: Path) -> None:
     # template 7's autocast table: recorded, and registered by the generated file
     assert project.amp_table and project.amp_table.get("mm") == "lower_precision_fp"
     assert "TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)" in registered
-    assert 'TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)' not in (root / "csrc/aten/autocast.cpp").read_text()
+    assert "TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m)" not in (root / "csrc/aten/autocast.cpp").read_text()
     # every kernel now has the current kernel shape: the structured one gained its functional kernel
     mse = (root / "csrc/aten/ops/mse_loss.cpp").read_text()
     assert "kernels::common_device(" in mse and project.find_op("aten::mse_loss") is not None
     abs_kernel = (root / KERNEL).read_text()
-    assert "kernels::common_device(\"aten::abs.out\"" in abs_kernel and not registration.is_pristine(abs_kernel)
+    assert 'kernels::common_device("aten::abs.out"' in abs_kernel and not registration.is_pristine(abs_kernel)
     # the kernels a fresh project has: the first model's operators and the derived view kernels
-    for op, kernel in (("aten::mm.out", "mm.cpp"), ("aten::native_batch_norm_backward", "native_batch_norm_backward.cpp"),
-                       ("aten::view_as_real", "view_as_real.cpp")):
+    for op, kernel in (
+        ("aten::mm.out", "mm.cpp"),
+        ("aten::native_batch_norm_backward", "native_batch_norm_backward.cpp"),
+        ("aten::view_as_real", "view_as_real.cpp"),
+    ):
         assert project.find_op(op) is not None and (root / "csrc/aten/ops" / kernel).is_file(), op
     for marker in ("<<<<<<<", ">>>>>>>"):
-        assert not any(marker in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and ".git" not in p.parts)
+        assert not any(
+            marker in p.read_text(errors="replace") for p in root.rglob("*") if p.is_file() and ".git" not in p.parts
+        )
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts and p.name != ".backendgen.lock"}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.parts and p.name != ".backendgen.lock"
+    }
 
 
 # --- the stored states -------------------------------------------------------------------------------
 
+
 def test_every_state_of_every_earlier_template_is_stored():
     """Whoever bumps the template to N+1 must first store N's states:
     python -m backendgen.project.history --snapshot."""
-    assert history.missing_versions() == [], "python -m backendgen.project.history --snapshot (see backendgen/project/history.py)"
+    assert history.missing_versions() == [], (
+        "python -m backendgen.project.history --snapshot (see backendgen/project/history.py)"
+    )
     for state in history.states():  # each stored state is what its name says
         assert template_tree.state_hash_of(dict(state.files)) == state.hash
     if shutil.which("git") is not None and _has_history():  # every state git history has, none missing
-        assert {s["tree"] for s in history.git_states(REPO, CURRENT)} == {s.tree for s in history.states()}, \
+        assert {s["tree"] for s in history.git_states(REPO, CURRENT)} == {s.tree for s in history.states()}, (
             "python -m backendgen.project.history --snapshot"
+        )
     for version in range(1, CURRENT + 1):
         with history.template_of(version) as tpl:
             assert int(json.loads((tpl / "template.json").read_text())["template_version"]) == version
@@ -187,8 +216,13 @@ def test_the_state_hash_ignores_bytecode_order_and_times_and_bytecode_is_never_r
     assert template_tree.state_hash(tpl) == history.current_state()
     (tpl / "cookiecutter.json").write_text((tpl / "cookiecutter.json").read_text() + " ")
     assert template_tree.state_hash(tpl) != history.current_state()  # a changed byte is another state
-    context = {**naming.derive(unique_device("pyc")).context(), "num_devices": "2", "torch_version": "2.13.0",
-               "backendgen_version": "0", "template_version": str(CURRENT)}
+    context = {
+        **naming.derive(unique_device("pyc")).context(),
+        "num_devices": "2",
+        "torch_version": "2.13.0",
+        "backendgen_version": "0",
+        "template_version": str(CURRENT),
+    }
     (tmp_path / "out").mkdir()
     root = render.render_into(tmp_path / "out", context, template=tpl)
     assert (root / "setup.py").is_file()
@@ -202,8 +236,13 @@ def test_a_binary_file_is_rendered_compared_and_replaced_as_bytes_never_merged(t
     shutil.copytree(manifest.template_dir(), tpl, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     logo = b"\x89PNG\r\n\x1a\n\xa7\xff{{ not jinja }}\x00"
     (tpl / "{{cookiecutter.dist_name}}" / "logo.png").write_bytes(logo)
-    context = {**naming.derive(unique_device("bin")).context(), "num_devices": "2", "torch_version": "2.13.0",
-               "backendgen_version": "0", "template_version": str(CURRENT)}
+    context = {
+        **naming.derive(unique_device("bin")).context(),
+        "num_devices": "2",
+        "torch_version": "2.13.0",
+        "backendgen_version": "0",
+        "template_version": str(CURRENT),
+    }
     rendered = update._render_files(tpl, context, tmp_path / "out")
     assert rendered["logo.png"][0] == logo and isinstance(rendered["README.md"][0], str)
     root = tmp_path / "project"
@@ -229,8 +268,9 @@ def test_a_new_project_records_its_exact_template_state(rendered_project):
 def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_project, tmp_path):
     """A project as each stored state rendered it (no template_state recorded, as before it was):
     update's merge base renders every one of its files byte for byte, so none of them can conflict."""
-    meta = {k: v for k, v in json.loads((rendered_project / "backendgen.json").read_text()).items()
-            if k != "template_state"}
+    meta = {
+        k: v for k, v in json.loads((rendered_project / "backendgen.json").read_text()).items() if k != "template_state"
+    }
     answers_of = Project.load(rendered_project)
     for state in history.states():
         if state.version == CURRENT:
@@ -238,7 +278,11 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
             continue
         context = update.answers(answers_of, state.version, meta["backendgen_version"])
         files = update.rendered_files(state, context)  # file by file, as choose_base compares them
-        if state in (history.states()[0], history.states(5)[0], history.states()[-1]):  # the same as cookiecutter's whole rendering
+        if state in (
+            history.states()[0],
+            history.states(5)[0],
+            history.states()[-1],
+        ):  # the same as cookiecutter's whole rendering
             assert template_tree.files(update.render_state(state, context, tmp_path / "whole" / state.hash)) == files
         root = tmp_path / state.hash
         for rel, data in files.items():
@@ -250,6 +294,7 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
 
 
 # --- merge-only: every earlier version -------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("version", range(1, CURRENT))
 def test_update_from_each_earlier_template_keeps_every_hand_edit(version, old_backendgen, tmp_path):
@@ -301,7 +346,7 @@ def test_update_adds_the_default_kernels_except_those_the_team_registers(old_bac
     """A project from before the first model's operators were default ops gets their kernels (as
     `new` writes them), except one its own C++ registers already: two registrations abort the load."""
     root = _copy(old_backendgen(9, DEVICE_30), tmp_path / "p")
-    mine = "TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n  m.impl(\"mm.out\", TORCH_FN(team::mm_out));\n}\n"
+    mine = 'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n  m.impl("mm.out", TORCH_FN(team::mm_out));\n}\n'
     (root / TEAM_FILE).write_text("// the team's own matrix product\n" + mine)
     _commit(root, "team mm")
     out = run_cli("update", "--no-build", "--project", str(root))
@@ -328,22 +373,31 @@ def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
     (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": "ab" * 32}, indent=2) + "\n")
     result = api.update_project(root, dry_run=True)
     assert result.conflicts == [] and result.exit_code == 0
-    assert any(n.startswith(f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows of template 3; "
-                            f"template 3 as of {ISSUE_30}") for n in result.notes), result.notes
+    assert any(
+        n.startswith(
+            f"merge base: the recorded template_state {'ab' * 6} is not one this backendgen knows of template 3; "
+            f"template 3 as of {ISSUE_30}"
+        )
+        for n in result.notes
+    ), result.notes
 
 
 def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_path):
     """The template changes between releases without its version changing: a project that records an
     earlier state of the current version is merged from that state, like one of an earlier version."""
     earlier = history.states(CURRENT)
-    assert earlier, "python -m backendgen.project.history --snapshot: the current version's earlier states are stored too"
+    assert earlier, (
+        "python -m backendgen.project.history --snapshot: the current version's earlier states are stored too"
+    )
     state = earlier[0]
     root = _copy(rendered_project, tmp_path / "p")
     project = Project.load(root)
     context = update.answers(project, CURRENT, project.record.backendgen_version)
     old_files = update.rendered_files(state, context)
     current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
-    changed = sorted(rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.tool_owned())
+    changed = sorted(
+        rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.tool_owned()
+    )
     assert changed, f"{state.describe()} renders like the installed template"
     for rel, data in old_files.items():  # the project as that state generated it
         if rel not in update.tool_owned():
@@ -389,15 +443,23 @@ def test_a_conflicting_edit_is_listed_exits_1_and_loses_nothing(old_backendgen, 
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 conflict(s) left with markers" in out.stdout and "\n  setup.py" in out.stdout
     merged = setup.read_text()
-    assert team_groups in merged and '"distributed"' in merged and "<<<<<<< yours" in merged and f">>>>>>> template {CURRENT}" in merged
+    assert (
+        team_groups in merged
+        and '"distributed"' in merged
+        and "<<<<<<< yours" in merged
+        and f">>>>>>> template {CURRENT}" in merged
+    )
     assert_hand_edits_intact(root)
     assert not (root / "build").exists()  # nothing was built
     assert json.loads((root / "backendgen.json").read_text())["update"]["conflicts"] == ["setup.py"]
     # until the markers are gone, update says so and exits 1
     again = run_cli("update", "--no-build", "--project", str(root), "--allow-dirty")
     assert again.returncode == 1 and "unresolved conflicts" in again.stdout and "setup.py" in again.stdout
-    resolved = merged.split("<<<<<<< yours\n")[0] + merged.split("=======\n", 1)[1].split(f">>>>>>> template {CURRENT}\n")[0] \
+    resolved = (
+        merged.split("<<<<<<< yours\n")[0]
+        + merged.split("=======\n", 1)[1].split(f">>>>>>> template {CURRENT}\n")[0]
         + merged.split(f">>>>>>> template {CURRENT}\n")[1]
+    )
     setup.write_text(resolved)
     done = run_cli("update", "--no-build", "--project", str(root), "--allow-dirty")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -406,39 +468,71 @@ def test_a_conflicting_edit_is_listed_exits_1_and_loses_nothing(old_backendgen, 
 
 # --- from a wheel install ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def wheel_python(tmp_path_factory) -> Path:
     """The Python of a throwaway virtualenv where backendgen is installed from a wheel of this
     repository, as README's `pip install torch==2.13.0 .` installs it (pip byte-compiles the packaged
     template); torch and the other dependencies are this environment's, reached through a .pth line."""
     base = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(base / "dist"), str(REPO)], capture_output=True, text=True)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(base / "dist"),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert built.returncode == 0, built.stderr
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     import sysconfig
+
     outer = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
     (Path(purelib) / "outer_environment.pth").write_text("".join(f"{p}\n" for p in outer))
     wheel = next((base / "dist").glob("backendgen-*.whl"))
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                                "--no-index", str(wheel)], capture_output=True, text=True)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert installed.returncode == 0, installed.stderr
     return python
 
 
 def _wheel_cli(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-m", "backendgen", *args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(python), "-m", "backendgen", *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
 
 
 def test_update_and_new_from_a_wheel_install(wheel_python, old_backendgen, tmp_path):
-    where = subprocess.run([str(wheel_python), "-c", "import backendgen.project.history as h, backendgen.project.manifest as m\n"
-                            "print(h.__file__); print(m.template_dir()); print(h.current_state()); print(len(h.states()))"],
-                           cwd=tmp_path, capture_output=True, text=True)
+    where = subprocess.run(
+        [
+            str(wheel_python),
+            "-c",
+            "import backendgen.project.history as h, backendgen.project.manifest as m\n"
+            "print(h.__file__); print(m.template_dir()); print(h.current_state()); print(len(h.states()))",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     module, template, state, stored = where.stdout.split()
     assert str(wheel_python.parent.parent) in module and Path(template).name == "_template", where.stdout + where.stderr
     assert list(Path(template).rglob("__pycache__/*.pyc"))  # what pip does to the packaged template
@@ -452,8 +546,9 @@ def test_update_and_new_from_a_wheel_install(wheel_python, old_backendgen, tmp_p
     assert out.returncode == 0 and "conflict" not in out.stdout, out.stdout + out.stderr
     assert_on_current_template(root)
     assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
-    new = _wheel_cli(wheel_python, "new", unique_device("whl"), "--no-build", "--output", str(tmp_path / "new"),
-                     cwd=tmp_path)
+    new = _wheel_cli(
+        wheel_python, "new", unique_device("whl"), "--no-build", "--output", str(tmp_path / "new"), cwd=tmp_path
+    )
     assert new.returncode == 0, new.stdout + new.stderr
     assert json.loads((tmp_path / "new" / "backendgen.json").read_text())["template_state"] == history.current_state()
     for project in (root, tmp_path / "new"):
@@ -461,6 +556,7 @@ def test_update_and_new_from_a_wheel_install(wheel_python, old_backendgen, tmp_p
 
 
 # --- dry run, rollback, refusals -----------------------------------------------------------------------
+
 
 def test_dry_run_prints_the_diff_and_changes_nothing(old_backendgen, tmp_path):
     root = _copy(old_backendgen(3, unique_device("upd")), tmp_path / "p")
@@ -506,8 +602,13 @@ def test_a_dirty_git_tree_is_refused_unless_allowed(old_backendgen, tmp_path):
     assert ok.returncode == 0 and "uncommitted\n" in (root / "README.md").read_text(), ok.stdout + ok.stderr
 
 
-@pytest.mark.parametrize("recorded, message", [("99", "is on template 99 but this backendgen's template is"),
-                                               ("two", "records an unknown template version 'two'")])
+@pytest.mark.parametrize(
+    "recorded, message",
+    [
+        ("99", "is on template 99 but this backendgen's template is"),
+        ("two", "records an unknown template version 'two'"),
+    ],
+)
 def test_an_unknown_or_newer_template_version_is_refused(rendered_project, tmp_path, recorded, message):
     root = _copy(rendered_project, tmp_path / "p")
     meta = json.loads((root / "backendgen.json").read_text())
@@ -525,6 +626,7 @@ def test_not_a_project_is_refused(tmp_path):
 
 
 # --- --torch -------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def with_triu(rendered_project, tmp_path):
@@ -572,6 +674,7 @@ def test_torch_lists_a_removed_operator_with_its_close_matches(with_triu):
 
 
 # --- build and tests: the oldest template and the newest earlier one ---------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [1, CURRENT - 1])

@@ -56,9 +56,22 @@ def fresh_venv(tmp_path) -> Path:
 
 
 def _pip_install(venv: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install",
-                           "--no-index", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin/python"),
+            "install",
+            "--no-index",
+            "--disable-pip-version-check",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _python(venv: Path, code: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -66,8 +79,14 @@ def _python(venv: Path, code: str, cwd: Path | None = None) -> subprocess.Comple
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    return subprocess.run([str(venv / "bin/python"), "-W", "default", "-c", code], capture_output=True, text=True,
-                          env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(venv / "bin/python"), "-W", "default", "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_the_wheel_is_manylinux_pins_its_torch_and_bundles_none_of_torch(wheel, built_project):
@@ -82,8 +101,11 @@ def test_the_wheel_is_manylinux_pins_its_torch_and_bundles_none_of_torch(wheel, 
     assert f"TORCH_VERSION = {TORCH!r}" in build_info
     assert any(re.fullmatch(rf"{package}/_C\..*\.so", n) for n in names)
     # every Python file of the package is shipped: its subpackages (compiler, ops: the backend's own operators) too
-    sources = {p.relative_to(built_project).as_posix() for p in (built_project / package).rglob("*.py")
-               if "__pycache__" not in p.parts}
+    sources = {
+        p.relative_to(built_project).as_posix()
+        for p in (built_project / package).rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert sources and sources <= set(names), sorted(sources - set(names))
     assert not [n for n in names if re.search(r"/lib(torch|c10|shm)[^/]*\.so", n)]
 
@@ -93,8 +115,10 @@ def test_the_wheel_installs_beside_its_torch_and_passes_the_smoke_test(wheel, bu
     res = _pip_install(fresh_venv, str(wheel))
     assert res.returncode == 0, res.stderr
     site = next(fresh_venv.glob("lib/python*/site-packages"))
-    code = (f"import torch, {names['package']} as p; assert p.__file__.startswith({str(site)!r}), p.__file__; "
-            f"x = torch.ones(3, device={names['device']!r}) * 2; print(x.device.type, x.cpu().tolist())")
+    code = (
+        f"import torch, {names['package']} as p; assert p.__file__.startswith({str(site)!r}), p.__file__; "
+        f"x = torch.ones(3, device={names['device']!r}) * 2; print(x.device.type, x.cpu().tolist())"
+    )
     run = _python(fresh_venv, code)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [names["device"], "[2.0,", "2.0,", "2.0]"]
@@ -102,9 +126,22 @@ def test_the_wheel_installs_beside_its_torch_and_passes_the_smoke_test(wheel, bu
     # a part of the quick suite, from a directory without the project's sources: the wheel's package
     suite = tmp_path / "suite"
     shutil.copytree(built_project / "tests", suite / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    tests = subprocess.run([str(fresh_venv / "bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/test_device.py", "tests/test_ops.py"], cwd=suite, capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL)
+    tests = subprocess.run(
+        [
+            str(fresh_venv / "bin/python"),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_device.py",
+            "tests/test_ops.py",
+        ],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     assert tests.returncode == 0, tests.stdout[-3000:]
     assert re.search(r"\d+ passed", tests.stdout)
 

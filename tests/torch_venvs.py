@@ -41,7 +41,8 @@ def versions_needed(items) -> list[str]:
 
 def _outer_ccache() -> str | None:
     return shutil.which("ccache") or next(
-        (str(p) for p in [Path(sys.executable).parent / "ccache"] if p.is_file()), None)
+        (str(p) for p in [Path(sys.executable).parent / "ccache"] if p.is_file()), None
+    )
 
 
 class Venv:
@@ -55,9 +56,19 @@ class Venv:
 
     def env(self) -> dict[str, str]:
         """The environment of a user who activated this venv: nothing of the outer test run."""
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST",
-                            "TORCH_DEVICE_BACKEND_AUTOLOAD")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "VIRTUAL_ENV",
+                "PYTHONPATH",
+                "PYTHONHOME",
+                "PYTEST_ADDOPTS",
+                "PYTEST_CURRENT_TEST",
+                "TORCH_DEVICE_BACKEND_AUTOLOAD",
+            )
+        }
         outer_bin = str(Path(sys.executable).parent)
         path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != outer_bin]
         env["PATH"] = os.pathsep.join([str(self.bin), *path, *([str(self.tools)] if self.tools else [])])
@@ -69,14 +80,23 @@ class Venv:
 
     def run(self, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
         start = time.monotonic()
-        proc = subprocess.run(list(args), cwd=cwd, env=self.env(), capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+        proc = subprocess.run(
+            list(args),
+            cwd=cwd,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+        )
         log(f"torch {self.torch_version}: {' '.join(args)} -> {proc.returncode} in {time.monotonic() - start:.0f} s")
         return proc
 
     def uninstall_backends(self) -> None:
         for dist in sorted(self.backends):
-            subprocess.run([self.python, "-m", "pip", "uninstall", "-y", "-q", dist], capture_output=True, env=self.env())
+            subprocess.run(
+                [self.python, "-m", "pip", "uninstall", "-y", "-q", dist], capture_output=True, env=self.env()
+            )
         self.backends.clear()
 
 
@@ -108,9 +128,15 @@ class TorchVenvs:
 
     def _run(self, args: list[str], env: dict | None = None, timeout: float = 1800) -> tuple[int, str]:
         nice = [] if self._urgent.is_set() else ["nice", "-n", "19"]
-        self._proc = subprocess.Popen([*nice, *args], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                      start_new_session=True)  # a process group: pip's children too
+        self._proc = subprocess.Popen(
+            [*nice, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )  # a process group: pip's children too
         try:
             out, _ = self._proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -121,8 +147,9 @@ class TorchVenvs:
 
     def _make_all(self) -> None:
         start = time.monotonic()
-        rc, out = self._run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(self.base / "wheel"),
-                             str(REPO)])
+        rc, out = self._run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(self.base / "wheel"), str(REPO)]
+        )
         wheels = list((self.base / "wheel").glob("backendgen-*.whl"))
         self.timings["wheel of this repo"] = time.monotonic() - start
         for version in self.versions:
@@ -133,7 +160,7 @@ class TorchVenvs:
                     self._failed[version] = f"pip wheel of this repo failed ({rc}):\n{out[-3000:]}"
                 else:
                     self._make(version, wheels[0])
-            except Exception as exc:  # reported by get(), in the test that needs the venv
+            except Exception as exc:  # noqa: BLE001 - reported by get(), in the test that needs the venv
                 self._failed[version] = repr(exc)
             finally:
                 self._done[version].set()
@@ -148,14 +175,17 @@ class TorchVenvs:
         venv = Venv(path, version, self.tools)
         # a plain install: what the generated tests need (pytest, numpy, expecttest) comes as
         # backendgen's own dependencies
-        rc, out = self._run([venv.python, "-m", "pip", "install", "-q", f"torch=={version}", str(wheel)],
-                            env=venv.env())
+        rc, out = self._run(
+            [venv.python, "-m", "pip", "install", "-q", f"torch=={version}", str(wheel)], env=venv.env()
+        )
         self.timings[f"install torch {version}"] = time.monotonic() - start
         if rc != 0:
             self._failed[version] = out[-6000:]
             return
-        log(f"venv with torch {version}: {self.timings[f'install torch {version}']:.0f} s in the background, "
-            f"{_du(path) / 2**30:.1f} GiB")
+        log(
+            f"venv with torch {version}: {self.timings[f'install torch {version}']:.0f} s in the background, "
+            f"{_du(path) / 2**30:.1f} GiB"
+        )
         self._made[version] = venv
 
     def get(self, version: str) -> Venv:

@@ -96,18 +96,28 @@ def main_options(
 @_handles_errors
 def new(
     name: Annotated[str, typer.Argument(help="Device name: lower-case letters and _ (torch.device(NAME)).")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Project directory [default: ./torch-NAME].")
+    ] = None,
     package: Annotated[str | None, typer.Option(help="Python package name [default: torch_NAME].")] = None,
     devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,
     no_build: Annotated[bool, typer.Option("--no-build", help="Render only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the generated tests.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace an earlier generated project (kept as a backup).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an earlier generated project (kept as a backup).")
+    ] = False,
 ):
     """Emit a complete PrivateUse1 backend repository, build it and run its tests."""
     from backendgen import api
 
     res = api.new_backend(
-        name, output, package=package, devices=devices, build_it=not no_build, test_it=not no_test, force=force,
+        name,
+        output,
+        package=package,
+        devices=devices,
+        build_it=not no_build,
+        test_it=not no_test,
+        force=force,
         reporter=_reporter(),
     )
     from backendgen.cli.output import styled
@@ -123,7 +133,7 @@ def new(
         con.print("next steps:")
         con.print(f"  cd {res.root}")
         if not res.built:
-            con.print("  pip install --no-build-isolation -e \".[test]\"")
+            con.print('  pip install --no-build-isolation -e ".[test]"')
         con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
         con.print("  backendgen add-op aten::abs.out      # add a native kernel")
         con.print("  backendgen build --test              # after editing a kernel")
@@ -133,23 +143,57 @@ def new(
 @app.command("add-op", short_help="Add kernels, registrations and tests for operators.")
 @_handles_errors
 def add_op(
-    ops: Annotated[list[str], typer.Argument(help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend.")],
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    schema: Annotated[str | None, typer.Option("--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".')] = None,
-    body: Annotated[str | None, typer.Option("--body", help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its "
-                                             "arguments, e.g. \"x * alpha\".")] = None,
-    autograd: Annotated[bool, typer.Option("--autograd", help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace "
-                                                 "PyTorch's derivative on the device.")] = False,
+    ops: Annotated[
+        list[str],
+        typer.Argument(
+            help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend."
+        ),
+    ],
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+    schema: Annotated[
+        str | None,
+        typer.Option(
+            "--schema", help='Schema of a new DEVICE::NAME operator, e.g. "(Tensor x, float alpha=1.0) -> Tensor".'
+        ),
+    ] = None,
+    body: Annotated[
+        str | None,
+        typer.Option(
+            "--body",
+            help="What a new DEVICE::NAME operator computes: a C++ expression of ATen operators over its "
+            'arguments, e.g. "x * alpha".',
+        ),
+    ] = None,
+    autograd: Annotated[
+        bool,
+        typer.Option(
+            "--autograd",
+            help="DEVICE::NAME: add a backward (torch::autograd::Function); aten::OP: replace "
+            "PyTorch's derivative on the device.",
+        ),
+    ] = False,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
-    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the new files if the build or test fails.")] = False,
+    keep_on_failure: Annotated[
+        bool, typer.Option("--keep-on-failure", help="Keep the new files if the build or test fails.")
+    ] = False,
 ):
     """Add a correctly-typed kernel, its registration and its test for each operator."""
     from backendgen import api
 
     res = api.add_ops(
-        ops, project, schema=schema, body=body, autograd=autograd, build_it=not no_build, test_it=not no_test, dry_run=dry_run, keep_on_failure=keep_on_failure,
+        ops,
+        project,
+        schema=schema,
+        body=body,
+        autograd=autograd,
+        build_it=not no_build,
+        test_it=not no_test,
+        dry_run=dry_run,
+        keep_on_failure=keep_on_failure,
         reporter=_reporter(),
     )
     from backendgen.cli.output import styled
@@ -177,10 +221,22 @@ def add_op(
 @app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
 @_handles_errors
 def remove_op(
-    ops: Annotated[list[str], typer.Argument(help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME.")],
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")] = False,
-    autograd: Annotated[bool, typer.Option("--autograd", help="Remove the autograd override of each aten:: operator (add-op --autograd).")] = False,
+    ops: Annotated[
+        list[str],
+        typer.Argument(
+            help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME."
+        ),
+    ],
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")
+    ] = False,
+    autograd: Annotated[
+        bool,
+        typer.Option("--autograd", help="Remove the autograd override of each aten:: operator (add-op --autograd)."),
+    ] = False,
 ):
     """Remove the kernel file, its test, its registration and its record for each operator, in one
     transaction; e.g. for an operator the installed torch removed. Rebuild afterwards (backendgen build)."""
@@ -198,12 +254,29 @@ def remove_op(
 @app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
 @_handles_errors
 def build_cmd(
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
     test: Annotated[bool, typer.Option("--test", help="Run the project's tests after building.")] = False,
-    full: Annotated[bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")] = False,
-    wheel: Annotated[bool, typer.Option("--wheel", help="Build a wheel for the installed torch, repaired to a manylinux tag (auditwheel).")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")] = None,
-    torch_label: Annotated[bool, typer.Option("--torch-label", help="With --wheel: version X+torchA.B.C (not for PyPI: wheels for several torches side by side).")] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")
+    ] = False,
+    wheel: Annotated[
+        bool,
+        typer.Option(
+            "--wheel", help="Build a wheel for the installed torch, repaired to a manylinux tag (auditwheel)."
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="With --wheel: where the wheel goes [default: the project's dist/].")
+    ] = None,
+    torch_label: Annotated[
+        bool,
+        typer.Option(
+            "--torch-label",
+            help="With --wheel: version X+torchA.B.C (not for PyPI: wheels for several torches side by side).",
+        ),
+    ] = False,
 ):
     """Rebuild the backend after editing it: ninja and the link alone while what shaped the last
     setup.py build is unchanged (a new kernel file included), else through setup.py, saying why.
@@ -229,22 +302,60 @@ def build_cmd(
     _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
 
 
-@app.command("test", short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
-                                  "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.")
+@app.command(
+    "test",
+    short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
+    "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.",
+)
 @_handles_errors
 def test_cmd(
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    opinfo: Annotated[bool, typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU.")] = False,
-    torch_compile: Annotated[bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")] = False,
-    distributed: Annotated[bool, typer.Option("--distributed", help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.")] = False,
-    models: Annotated[bool, typer.Option("--models", help="Also run the model suite: real architectures trained on the device "
-                                                 "against the CPU, eager and compiled.")] = False,
-    patterns: Annotated[list[str] | None, typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable).")] = None,
-    dtypes: Annotated[list[str] | None, typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32].")] = None,
-    samples: Annotated[int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")] = None,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+    opinfo: Annotated[
+        bool,
+        typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU."),
+    ] = False,
+    torch_compile: Annotated[
+        bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")
+    ] = False,
+    distributed: Annotated[
+        bool,
+        typer.Option(
+            "--distributed",
+            help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.",
+        ),
+    ] = False,
+    models: Annotated[
+        bool,
+        typer.Option(
+            "--models",
+            help="Also run the model suite: real architectures trained on the device "
+            "against the CPU, eager and compiled.",
+        ),
+    ] = False,
+    patterns: Annotated[
+        list[str] | None,
+        typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable)."),
+    ] = None,
+    dtypes: Annotated[
+        list[str] | None,
+        typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32]."),
+    ] = None,
+    samples: Annotated[
+        int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")
+    ] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")] = False,
-    write_expected: Annotated[Path | None, typer.Option("--write-expected", help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.")] = None,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")
+    ] = False,
+    write_expected: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-expected",
+            help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.",
+        ),
+    ] = None,
 ):
     """Run the project's tests; with --opinfo also its conformance suite (one summary line per
     variant and dtype, then the first unexpected failure of each op); with --compile also its
@@ -253,9 +364,18 @@ def test_cmd(
     from backendgen import api
 
     res = api.test_backend(
-        project, opinfo=opinfo, opt_in=[name for name, on in (("compile", torch_compile), ("distributed", distributed), ("models", models)) if on],
-        patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
-        write_expected=write_expected, reporter=_reporter(),
+        project,
+        opinfo=opinfo,
+        opt_in=[
+            name for name, on in (("compile", torch_compile), ("distributed", distributed), ("models", models)) if on
+        ],
+        patterns=patterns,
+        dtypes=dtypes,
+        samples=samples,
+        workers=workers,
+        strict=strict,
+        write_expected=write_expected,
+        reporter=_reporter(),
     )
     out = _out()
     if res.suite is not None:
@@ -287,19 +407,28 @@ def ops_cmd(
     rows = api.list_ops(pattern, project, required=required)
     colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim", "no CPU kernel": "red"}
     con = _out()
-    con.table(["operator", "status", "core"],
-              ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows))
+    con.table(
+        ["operator", "status", "core"],
+        ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows),
+    )
     con.print(f"{len(rows)} operators")
 
 
-amp_app = typer.Typer(help="Show or change the autocast (AMP) table: the policy torch.autocast applies to each operator.",
-                      no_args_is_help=True, rich_markup_mode=None)
+amp_app = typer.Typer(
+    help="Show or change the autocast (AMP) table: the policy torch.autocast applies to each operator.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 app.add_typer(amp_app, name="amp")
 
 
 @amp_app.command("list", short_help="Show the autocast table.")
 @_handles_errors
-def amp_list_cmd(project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None):
+def amp_list_cmd(
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+):
     """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
     from backendgen import api
 
@@ -313,8 +442,12 @@ def amp_list_cmd(project: Annotated[Path | None, typer.Option("--project", "-p",
 @_handles_errors
 def amp_set_cmd(
     op: Annotated[str, typer.Argument(help="Operator: aten::mm, softmax.int, ...")],
-    policy: Annotated[str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")],
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
+    policy: Annotated[
+        str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")
+    ],
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
     no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
 ):
@@ -342,7 +475,10 @@ def check(
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
     ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
-    accept: Annotated[bool, typer.Option("--accept", help="If the check passes, record that the project now targets the installed torch.")] = False,
+    accept: Annotated[
+        bool,
+        typer.Option("--accept", help="If the check passes, record that the project now targets the installed torch."),
+    ] = False,
 ):
     """Check the backend against the installed torch: schema drift, APIs, the built extension, coverage."""
     import json
@@ -375,18 +511,37 @@ def check(
     raise typer.Exit(report.exit_code)
 
 
-@app.command("update", short_help="Carry the project to the current template (3-way merge; no hand edit lost); "
-                                    "--torch: to the installed torch's signatures.")
+@app.command(
+    "update",
+    short_help="Carry the project to the current template (3-way merge; no hand edit lost); "
+    "--torch: to the installed torch's signatures.",
+)
 @_handles_errors
 def update_cmd(
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")] = False,
-    torch: Annotated[bool, typer.Option("--torch", help="Also re-derive every recorded operator's signature from the installed torch, "
-                                               "fix kernel signature lines where only types changed, then check.")] = False,
-    no_build: Annotated[bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")] = False,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")
+    ] = False,
+    torch: Annotated[
+        bool,
+        typer.Option(
+            "--torch",
+            help="Also re-derive every recorded operator's signature from the installed torch, "
+            "fix kernel signature lines where only types changed, then check.",
+        ),
+    ] = False,
+    no_build: Annotated[
+        bool, typer.Option("--no-build", help="Write the merged files only (no build, no tests).")
+    ] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the tests.")] = False,
-    allow_dirty: Annotated[bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")] = False,
-    keep_on_failure: Annotated[bool, typer.Option("--keep-on-failure", help="Keep the updated files if the build or the tests fail.")] = False,
+    allow_dirty: Annotated[
+        bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")
+    ] = False,
+    keep_on_failure: Annotated[
+        bool, typer.Option("--keep-on-failure", help="Keep the updated files if the build or the tests fail.")
+    ] = False,
 ):
     """Bring a project generated from an earlier template to the current one. Files backendgen writes
     from backendgen.json are rewritten; every other file of the template is merged 3-way (the older
@@ -398,11 +553,21 @@ def update_cmd(
     from backendgen.cli.output import styled
     from backendgen.commands.update import Fix
 
-    res = api.update_project(project, dry_run=dry_run, torch_signatures=torch, build_it=not no_build, test_it=not no_test,
-                             allow_dirty=allow_dirty, keep_on_failure=keep_on_failure, reporter=_reporter())
+    res = api.update_project(
+        project,
+        dry_run=dry_run,
+        torch_signatures=torch,
+        build_it=not no_build,
+        test_it=not no_test,
+        allow_dirty=allow_dirty,
+        keep_on_failure=keep_on_failure,
+        reporter=_reporter(),
+    )
     con = _out()
     if res.unresolved:
-        con.print(styled("unresolved conflicts", "red"), " from the last update (resolve the markers, then run update again):")
+        con.print(
+            styled("unresolved conflicts", "red"), " from the last update (resolve the markers, then run update again):"
+        )
         for rel in res.unresolved:
             con.print(f"  {rel}")
         raise typer.Exit(1)
@@ -426,8 +591,10 @@ def update_cmd(
     if res.from_version == res.to_version and not res.changes:
         con.print(f"nothing to do: the project is on template {res.to_version}")
     elif res.conflicts:
-        con.print(styled(f"{len(res.conflicts)} conflict(s)", "red"),
-                  f" {verb}left with markers; resolve them, then run backendgen update again (it builds and tests):")
+        con.print(
+            styled(f"{len(res.conflicts)} conflict(s)", "red"),
+            f" {verb}left with markers; resolve them, then run backendgen update again (it builds and tests):",
+        )
         for rel in res.conflicts:
             con.print(f"  {rel}")
     elif not dry_run:
@@ -447,10 +614,19 @@ def update_cmd(
 )
 @_handles_errors
 def profile_cmd(
-    script: Annotated[Path, typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it).")],
-    args: Annotated[list[str] | None, typer.Argument(help="Arguments of the script, passed through as they are.")] = None,
-    project: Annotated[Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")] = False,
+    script: Annotated[
+        Path,
+        typer.Argument(metavar="SCRIPT", help="The Python script to run (options of backendgen profile go before it)."),
+    ],
+    args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments of the script, passed through as they are.")
+    ] = None,
+    project: Annotated[
+        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")
+    ] = False,
 ):
     """Run SCRIPT [ARGS...] with this Python and the project's backend loaded (as `python SCRIPT ARGS`
     would), then list the operators that ran on the CPU fallback, ranked by time and calls, each
@@ -471,6 +647,7 @@ def profile_cmd(
 
 def _print_profile(res, printer) -> None:
     """The profile as a table; operator names and paths are outside text (the output module shows them verbatim)."""
+
     def out(text: str = "") -> None:
         printer.print(text)
 
@@ -482,23 +659,34 @@ def _print_profile(res, printer) -> None:
         out(f"no operator ran on the CPU fallback ({res.script} ran {res.seconds:.2f} s)")
         return
     total = res.fallback_seconds
-    spent = f"{total:.3f} s, {100 * total / res.seconds:.1f}% of the {res.seconds:.2f} s the script ran" if total is not None and res.seconds else f"the script ran {res.seconds:.2f} s"
+    spent = (
+        f"{total:.3f} s, {100 * total / res.seconds:.1f}% of the {res.seconds:.2f} s the script ran"
+        if total is not None and res.seconds
+        else f"the script ran {res.seconds:.2f} s"
+    )
     calls = sum(e.calls for e in res.entries)
     out(f"CPU fallback: {len(res.entries)} operators, {calls} calls ({spent}):")
     rows = [("calls", "seconds", "share", "operator", "backendgen add-op")]
     for e in res.entries:
         share = res.share(e)
         make_native = e.target if e.reason is None else f"- ({e.reason})"
-        rows.append((
-            str(e.calls),
-            "-" if e.seconds is None else f"{e.seconds:.4f}",
-            "-" if share is None else f"{100 * share:.1f}%",
-            " + ".join(e.names),
-            make_native,
-        ))
+        rows.append(
+            (
+                str(e.calls),
+                "-" if e.seconds is None else f"{e.seconds:.4f}",
+                "-" if share is None else f"{100 * share:.1f}%",
+                " + ".join(e.names),
+                make_native,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
-        out("  " + "  ".join([r[0].rjust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3].ljust(widths[3]), r[4]]).rstrip())
+        out(
+            "  "
+            + "  ".join(
+                [r[0].rjust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3].ljust(widths[3]), r[4]]
+            ).rstrip()
+        )
     if res.command:
         out()
         out("to make them native:")

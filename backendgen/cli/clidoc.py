@@ -32,7 +32,9 @@ def _md(text: str) -> str:
 
 def _paragraphs(text: str) -> str:
     """A docstring's paragraphs, each joined to one line (the docs' own line breaks are not the help's)."""
-    paras = [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", textwrap.dedent(text).strip())]
+    paras = [
+        " ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", textwrap.dedent(text).strip())
+    ]
     return "\n\n".join(_md(p) for p in paras if p)
 
 
@@ -93,8 +95,16 @@ def render() -> str:
 def _command(cmd, path: list[str], parent_ctx, context_class) -> list[str]:
     """One command's section; a group of subcommands (`amp`) is followed by a section per subcommand."""
     ctx = context_class(cmd, info_name=path[-1], parent=parent_ctx)
-    out = [f"{'#' * (1 + len(path))} backendgen {' '.join(path)}", "", "```", cmd.get_usage(ctx).strip(), "```", "",
-           _paragraphs(cmd.help or ""), ""]
+    out = [
+        f"{'#' * (1 + len(path))} backendgen {' '.join(path)}",
+        "",
+        "```",
+        cmd.get_usage(ctx).strip(),
+        "```",
+        "",
+        _paragraphs(cmd.help or ""),
+        "",
+    ]
     arguments, options = _records(cmd, ctx)
     out += _table("Arguments", arguments)
     out += _table("Options", options)
@@ -110,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help=f"exit 1 if {DOC} is not what --write would write")
     opts = p.parse_args(argv)
     if (opts.write or opts.check) and not ((ROOT / "docs").is_dir() and (ROOT / "pyproject.toml").is_file()):
-        print(f"error: {ROOT} is not a backendgen source checkout (installed from a wheel?): --write and --check "
-              "work in a clone", file=sys.stderr)
+        print(
+            f"error: {ROOT} is not a backendgen source checkout (installed from a wheel?): --write and --check "
+            "work in a clone",
+            file=sys.stderr,
+        )
         return 2
     text = render()
     if opts.write:
@@ -122,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         current = DOC.read_text() if DOC.is_file() else ""
         if current == text:
             return 0
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(DOC), "rendered"))
+        sys.stdout.writelines(
+            difflib.unified_diff(current.splitlines(True), text.splitlines(True), str(DOC), "rendered")
+        )
         print(f"{DOC} is out of date: {REGENERATE}")
         return 1
     sys.stdout.write(text)

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backendgen.commands import consistency, transaction
-from backendgen.kinds import registration
+from backendgen.kinds import registration, registry
 from backendgen.kinds.kind import Planned, Removal, Request
-from backendgen.kinds import registry
 from backendgen.plumbing import faults
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.progress import Reporter
@@ -53,8 +52,10 @@ def _check_namespaces(names: list[str], device: str) -> None:
     for n in names:
         ns, sep, _ = n.strip().partition("::")
         if sep and ns not in ("aten", device):
-            raise UserError(f"{n[:80]!r}: add-op defines operators in this backend's namespace ({device}::NAME) "
-                            "and writes kernels for aten:: operators")
+            raise UserError(
+                f"{n[:80]!r}: add-op defines operators in this backend's namespace ({device}::NAME) "
+                "and writes kernels for aten:: operators"
+            )
 
 
 def claimed(names: list[str], device: str, request: Request) -> dict:
@@ -76,6 +77,7 @@ def plan(names: list[str], project: Project, db: OpDB, request: Request) -> list
 
 # --- add-op ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class AddOpsResult:
     root: Path
@@ -89,8 +91,19 @@ class AddOpsResult:
     torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
 
 
-def add(project: Project, names: list[str], *, schema: str | None, body: str | None, autograd: bool, build_it: bool,
-        test_it: bool, dry_run: bool, keep_on_failure: bool, rep: Reporter) -> AddOpsResult:
+def add(
+    project: Project,
+    names: list[str],
+    *,
+    schema: str | None,
+    body: str | None,
+    autograd: bool,
+    build_it: bool,
+    test_it: bool,
+    dry_run: bool,
+    keep_on_failure: bool,
+    rep: Reporter,
+) -> AddOpsResult:
     """api.add_ops on a loaded project."""
     result = AddOpsResult(project.root)
     request = Request(schema=schema, body=body, autograd=autograd)
@@ -110,11 +123,16 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
         # recorded by an earlier run that was stopped before its build finished: this run builds them
         pending = consistency.unbuilt_records(project, change.state) if build_it and not dry_run else []
         if pending:
-            result.unchanged = [n for n in result.unchanged if n not in pending
-                                and getattr(project.covering(n), "op", None) not in pending]
+            result.unchanged = [
+                n
+                for n in result.unchanged
+                if n not in pending and getattr(project.covering(n), "op", None) not in pending
+            ]
             result.added += pending
-            result.notes.append(f"{', '.join(pending)} {'is' if len(pending) == 1 else 'are'} recorded in backendgen.json "
-                                "but the library was not built with it since (an earlier run stopped): building now")
+            result.notes.append(
+                f"{', '.join(pending)} {'is' if len(pending) == 1 else 'are'} recorded in backendgen.json "
+                "but the library was not built with it since (an earlier run stopped): building now"
+            )
         if not work and not rewrite_registration and not pending:
             return result
         if dry_run:
@@ -141,11 +159,14 @@ def add(project: Project, names: list[str], *, schema: str | None, body: str | N
 
 def _tests_of(project: Project, ops: list[str]) -> list[str]:
     """The test files recorded for `ops` (of any kind) that exist."""
-    tests = [t for kind in registry.KINDS for rec in kind.records(project) if rec.op in ops for t in kind.record_tests(rec)]
+    tests = [
+        t for kind in registry.KINDS for rec in kind.records(project) if rec.op in ops for t in kind.record_tests(rec)
+    ]
     return [t for t in dict.fromkeys(tests) if (project.root / t).is_file()]
 
 
 # --- remove-op -------------------------------------------------------------------------------------
+
 
 @dataclass
 class RemoveOpsResult:
@@ -198,6 +219,7 @@ def remove(project: Project, names: list[str], *, force: bool, autograd: bool) -
 
 # --- the commands ----------------------------------------------------------------------------------
 
+
 def add_ops(
     names: list[str],
     project_dir: Path | None = None,
@@ -218,12 +240,23 @@ def add_ops(
     if not names:
         raise UserError("name at least one operator, e.g. aten::mul.Tensor")
     project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
-    return add(project, names, schema=schema, body=body, autograd=autograd, build_it=build_it, test_it=test_it,
-               dry_run=dry_run, keep_on_failure=keep_on_failure, rep=reporter or Reporter())
+    return add(
+        project,
+        names,
+        schema=schema,
+        body=body,
+        autograd=autograd,
+        build_it=build_it,
+        test_it=test_it,
+        dry_run=dry_run,
+        keep_on_failure=keep_on_failure,
+        rep=reporter or Reporter(),
+    )
 
 
-def remove_ops(names: list[str], project_dir: Path | None = None, *, force: bool = False,
-               autograd: bool = False) -> RemoveOpsResult:
+def remove_ops(
+    names: list[str], project_dir: Path | None = None, *, force: bool = False, autograd: bool = False
+) -> RemoveOpsResult:
     """Remove kernels that add-op wrote: the kernel file, its test, their records in
     backendgen.json and their lines in the generated registration file, in one transaction.
     `<device>::NAME` removes an operator of the backend (its kernels, autograd, wrapper and test);

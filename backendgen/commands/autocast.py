@@ -25,7 +25,9 @@ def amp_list(project_dir: Path | None = None) -> list[AmpRow]:
     """The project's autocast table."""
     project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
     amp.check_supported(project.template_version)
-    return [AmpRow(f"aten::{name}", policy, amp.POLICIES[policy]) for name, policy in amp.entries(project.amp_table or {})]
+    return [
+        AmpRow(f"aten::{name}", policy, amp.POLICIES[policy]) for name, policy in amp.entries(project.amp_table or {})
+    ]
 
 
 @dataclass
@@ -39,8 +41,15 @@ class AmpSetResult:
     unbuilt: bool = False  # the policy was already recorded but not built: this run built it
 
 
-def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it: bool = True, test_it: bool = True,
-            reporter: Reporter | None = None) -> AmpSetResult:
+def amp_set(
+    name: str,
+    policy: str,
+    project_dir: Path | None = None,
+    *,
+    build_it: bool = True,
+    test_it: bool = True,
+    reporter: Reporter | None = None,
+) -> AmpSetResult:
     """Set the autocast policy of one operator ("none" takes it out of the table), rewrite the
     registration file, rebuild and run the table's test for that operator; on failure the project is
     left as it was."""
@@ -58,8 +67,11 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
         registration.needs_rewrite(project, db)  # refuses a registration file edited by hand
         if previous == policy:
             # recorded but not built (a run killed before its build): this run finishes the job
-            result.unbuilt = (f"amp {op.name}={policy}" in change.state.unbuilt if policy != "none"
-                              else any(e.startswith(f"amp {op.name}=") for e in change.state.removed))
+            result.unbuilt = (
+                f"amp {op.name}={policy}" in change.state.unbuilt
+                if policy != "none"
+                else any(e.startswith(f"amp {op.name}=") for e in change.state.removed)
+            )
             if not (result.unbuilt and build_it):
                 return result
         elif policy == "none":
@@ -73,7 +85,11 @@ def amp_set(name: str, policy: str, project_dir: Path | None = None, *, build_it
                 change.save_record()
                 faults.reached("amp:written")
         if build_it:
-            tests = [f"{project.paths['amp_tests']}::test_policy_takes_effect_under_autocast[{op.name}]"] if policy != "none" else []
+            tests = (
+                [f"{project.paths['amp_tests']}::test_policy_takes_effect_under_autocast[{op.name}]"]
+                if policy != "none"
+                else []
+            )
             change.build_and_test(rep, tests=tests, test=test_it, name="amp-test")
             result.built, result.tested = change.built, change.tested
     return result

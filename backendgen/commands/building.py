@@ -22,8 +22,9 @@ class BuildResult:
     tested: bool = False
 
 
-def build_backend(project_dir: Path | None = None, *, test_it: bool = False, full: bool = False,
-                  reporter: Reporter | None = None) -> BuildResult:
+def build_backend(
+    project_dir: Path | None = None, *, test_it: bool = False, full: bool = False, reporter: Reporter | None = None
+) -> BuildResult:
     """Rebuild a project after its sources changed; `full` always goes through setup.py."""
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
@@ -42,8 +43,13 @@ def build_backend(project_dir: Path | None = None, *, test_it: bool = False, ful
     return result
 
 
-def build_wheel(project_dir: Path | None = None, *, out: Path | None = None, torch_label: bool = False,
-                reporter: Reporter | None = None) -> build.WheelOutcome:
+def build_wheel(
+    project_dir: Path | None = None,
+    *,
+    out: Path | None = None,
+    torch_label: bool = False,
+    reporter: Reporter | None = None,
+) -> build.WheelOutcome:
     """A wheel of the project for the installed torch, repaired to a manylinux tag (build.build_wheel),
     in `out` (default: the project's dist/). Its metadata requires exactly that torch."""
     rep = reporter or Reporter()
@@ -56,5 +62,6 @@ def build_wheel(project_dir: Path | None = None, *, out: Path | None = None, tor
     build.check_wheel_tools()  # before the step: a missing tool is one line
     with project.lock():
         with rep.step("wheel"):
-            return build.build_wheel(project.root, project.device, Path(out) if out else project.root / "dist",
-                                     torch_label=torch_label)
+            return build.build_wheel(
+                project.root, project.device, Path(out) if out else project.root / "dist", torch_label=torch_label
+            )

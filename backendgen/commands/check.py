@@ -29,19 +29,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
+from backendgen.kinds import registration, registry
 from backendgen.kinds.kind import keyed
-from backendgen.kinds import registry
-from backendgen.project import devmodule, manifest
-from backendgen.torchdb import support
-from backendgen.kinds import registration
-from backendgen.plumbing.errors import ProjectError
-from backendgen.project.record import TorchTarget
-from backendgen.torchdb.drift import Drift, classify
 from backendgen.plumbing.environment import installed_torch, subprocess_env
-from backendgen.plumbing.errors import EnvironmentProblem
-from backendgen.torchdb.opdb import OpDB, load_opdb
-from backendgen.project.on_disk import Project
+from backendgen.plumbing.errors import EnvironmentProblem, ProjectError
 from backendgen.plumbing.textenum import TextEnum
+from backendgen.project import devmodule, manifest
+from backendgen.project.on_disk import Project
+from backendgen.project.record import TorchTarget
+from backendgen.torchdb import support
+from backendgen.torchdb.drift import Drift, classify
+from backendgen.torchdb.opdb import OpDB, load_opdb
 
 
 class Severity(TextEnum):
@@ -82,6 +80,7 @@ class Kind(TextEnum):
     UNBUILT = "unbuilt"
     UNTESTED = "untested"
     # and a schema finding's drift.Drift (unchanged, schema_changed, signature_changed, removed)
+
 
 # What check itself needs of torch besides the template's extension points (the manifest's).
 PROBE_APIS = ("torch._C._dispatch_find_dangling_impls",)
@@ -164,7 +163,7 @@ def _expected_keys(project: Project) -> dict[str, list[str]]:
     for kind in registry.KINDS:
         for op, wanted in kind.expected_keys(project).items():
             keys.setdefault(op, []).extend(wanted)
-    for name in (project.amp_table or {}):
+    for name in project.amp_table or {}:
         keys.setdefault(f"aten::{name}", []).append("AutocastPrivateUse1")
     return keys
 
@@ -172,15 +171,25 @@ def _expected_keys(project: Project) -> dict[str, list[str]]:
 def _check_amp(report: CheckReport, project: Project, db: OpDB, probed: dict) -> None:
     """The autocast table's operators still exist in the installed torch; the library registers every
     kernel each operator of each kind and each autocast entry needs (_expected_keys)."""
-    for name in (project.amp_table or {}):
+    for name in project.amp_table or {}:
         if db.get(name) is None:
-            report.add(Area.SCHEMA, Severity.ERROR, f"aten::{name}", f"in the autocast table but removed from torch {db.torch_version}: "
-                       f"backendgen amp set {name} none", kind=Drift.REMOVED)
+            report.add(
+                Area.SCHEMA,
+                Severity.ERROR,
+                f"aten::{name}",
+                f"in the autocast table but removed from torch {db.torch_version}: backendgen amp set {name} none",
+                kind=Drift.REMOVED,
+            )
     for op, keys in (keyed(probed) or {}).items():
         missing = [k for k, has in keys.items() if not has]
         if missing:
-            report.add(Area.EXTENSION, Severity.ERROR, op, f"the library registers no {', '.join(missing)} kernel for it: rebuild",
-                       kind=Kind.MISSING_KERNEL)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                op,
+                f"the library registers no {', '.join(missing)} kernel for it: rebuild",
+                kind=Kind.MISSING_KERNEL,
+            )
 
 
 def device_module_reads() -> dict[str, list[str]]:
@@ -189,7 +198,9 @@ def device_module_reads() -> dict[str, list[str]]:
     torch = installed_torch()
     if torch.torch_dir is None or torch.version is None:
         return {}
-    return devmodule.required(devmodule.torch_reads(torch.torch_dir, torch.version), manifest.load().device_module_not_needed)
+    return devmodule.required(
+        devmodule.torch_reads(torch.torch_dir, torch.version), manifest.load().device_module_not_needed
+    )
 
 
 def _start_probe(project: Project, schemas: dict[str, str], device_module: list[str]) -> subprocess.Popen:
@@ -204,7 +215,12 @@ def _start_probe(project: Project, schemas: dict[str, str], device_module: list[
     }
     return subprocess.Popen(
         [sys.executable, "-m", "backendgen.programs.probe", json.dumps(req)],
-        cwd=project.root, env=subprocess_env(autoload="0", pythonpath=project.root), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+        cwd=project.root,
+        env=subprocess_env(autoload="0", pythonpath=project.root),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
     )
 
 
@@ -228,26 +244,42 @@ def _check_versions(report: CheckReport, project: Project, db: OpDB) -> None:
     if recorded == db.torch_version:
         report.add(Area.VERSIONS, Severity.OK, "torch", f"generated for and running on torch {recorded}")
     else:
-        report.add(Area.VERSIONS, Severity.WARNING, "torch",
-                   f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
-                   "then backendgen check --accept",
-                   recorded=recorded, installed=db.torch_version)
+        report.add(
+            Area.VERSIONS,
+            Severity.WARNING,
+            "torch",
+            f"generated for torch {recorded}, installed {db.torch_version}: fix the findings below, rebuild, "
+            "then backendgen check --accept",
+            recorded=recorded,
+            installed=db.torch_version,
+        )
     try:
         policy = support.torch_support(db.torch_version)
     except EnvironmentProblem as e:
         report.add(Area.VERSIONS, Severity.ERROR, "support", str(e), kind=Kind.TOO_OLD)
     else:
         if policy.tested:
-            report.add(Area.VERSIONS, Severity.OK, "support", f"torch {db.torch_version} is a tested release", kind=Kind.TESTED)
+            report.add(
+                Area.VERSIONS, Severity.OK, "support", f"torch {db.torch_version} is a tested release", kind=Kind.TESTED
+            )
         else:
-            report.add(Area.VERSIONS, Severity.INFO, "support",
-                       f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
-                       "the findings below say what differs from the torch the project was made for", kind=Kind.UNTESTED)
+            report.add(
+                Area.VERSIONS,
+                Severity.INFO,
+                "support",
+                f"torch {db.torch_version} is not a tested release (tested: {', '.join(support.TESTED)}): "
+                "the findings below say what differs from the torch the project was made for",
+                kind=Kind.UNTESTED,
+            )
     made_with = project.record.backendgen_version or "?"
     sev = Severity.OK if made_with == __version__ else Severity.INFO
-    report.add(Area.VERSIONS, sev, "backendgen",
-               f"generated by backendgen {made_with} (template {project.record.template_version or '?'}), "
-               f"this is {__version__}")
+    report.add(
+        Area.VERSIONS,
+        sev,
+        "backendgen",
+        f"generated by backendgen {made_with} (template {project.record.template_version or '?'}), "
+        f"this is {__version__}",
+    )
 
 
 _NOT_A_MESSAGE = re.compile(r"\s*(frame #\d+|<omitting python frames>|Exception raised from )")
@@ -261,7 +293,7 @@ def crash_summary(stderr: str) -> str:
     head = None
     for i, ln in enumerate(lines):
         if ln.startswith("what():"):
-            rest = ln[len("what():"):].strip()
+            rest = ln[len("what():") :].strip()
             head = rest or (lines[i + 1] if i + 1 < len(lines) else None)
             break
     tail = lines[-3:]
@@ -300,7 +332,9 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
         for source, names in point.python_sources.items():
             counts["py"] += len(names)
             body = text(pkg / source)
-            found += [(f"torch/{source} (missing)" if not body else f"torch/{source}: {n}") for n in names if n not in body]
+            found += [
+                (f"torch/{source} (missing)" if not body else f"torch/{source}: {n}") for n in names if n not in body
+            ]
         counts["py"] += len(point.python_apis)
         if probed_py is not None:
             found += [n for n in point.python_apis if not probed_py.get(n, True)]
@@ -313,11 +347,19 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
                 missing[name] = (False, "backendgen check")
     for subject in sorted(missing):
         optional, user = missing[subject]
-        report.add(Area.API, Severity.WARNING if optional else Severity.ERROR, subject,
-                   f"not found in the installed torch: {user} must be ported")
+        report.add(
+            Area.API,
+            Severity.WARNING if optional else Severity.ERROR,
+            subject,
+            f"not found in the installed torch: {user} must be ported",
+        )
     if not missing:
-        report.add(Area.API, Severity.OK, "extension points",
-                   f"all {counts['cpp']} C++ and {counts['py']} Python extension points present")
+        report.add(
+            Area.API,
+            Severity.OK,
+            "extension points",
+            f"all {counts['cpp']} C++ and {counts['py']} Python extension points present",
+        )
 
 
 def _check_device_module(report: CheckReport, project: Project, reads: dict[str, list[str]], probed: dict) -> None:
@@ -329,12 +371,22 @@ def _check_device_module(report: CheckReport, project: Project, reads: dict[str,
     missing = [name for name in reads if not present.get(name, True)]
     for name in missing:
         where = ", ".join(reads[name][:3]) + (", ..." if len(reads[name]) > 3 else "")
-        report.add(Area.API, Severity.ERROR, f"torch.{project.device}.{name}",
-                   f"torch reads it ({where}) and the device module lacks it: add it to {project.package}/device_module.py "
-                   "(docs/troubleshooting.md, \"The device module's contract\")", kind=Kind.DEVICE_MODULE, where=reads[name])
+        report.add(
+            Area.API,
+            Severity.ERROR,
+            f"torch.{project.device}.{name}",
+            f"torch reads it ({where}) and the device module lacks it: add it to {project.package}/device_module.py "
+            '(docs/troubleshooting.md, "The device module\'s contract")',
+            kind=Kind.DEVICE_MODULE,
+            where=reads[name],
+        )
     if not missing:
-        report.add(Area.API, Severity.OK, f"torch.{project.device}",
-                   f"answers all {len(reads)} attributes torch's own Python reads from a device module")
+        report.add(
+            Area.API,
+            Severity.OK,
+            f"torch.{project.device}",
+            f"answers all {len(reads)} attributes torch's own Python reads from a device module",
+        )
 
 
 def _check_extension(report: CheckReport, project: Project, probed: dict, stderr: str, returncode: int) -> set[str]:
@@ -352,9 +404,14 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
         if returncode < 0:
             sig = signal.Signals(-returncode).name
             tail = crash_summary(stderr)
-            report.add(Area.EXTENSION, Severity.ERROR, project.package,
-                       f"loading it killed the process ({sig}): the library is corrupt or a static registration "
-                       f"failed — rebuild{'; ' + tail if tail else ''}", kind=Kind.CRASH)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                project.package,
+                f"loading it killed the process ({sig}): the library is corrupt or a static registration "
+                f"failed — rebuild{'; ' + tail if tail else ''}",
+                kind=Kind.CRASH,
+            )
         else:
             tail = (stderr.strip().splitlines() or ["no output"])[-1]
             report.add(Area.EXTENSION, Severity.ERROR, project.package, f"could not be probed: {tail}", kind=Kind.PROBE)
@@ -362,29 +419,58 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
     if not load["ok"]:
         msg = load["message"]
         if load["type"] == "TorchMismatch":  # the package's own check (template 10 on): built for another torch
-            report.add(Area.EXTENSION, Severity.ERROR, project.package,
-                       f"{msg.splitlines()[0]} (a user of its wheel: install the wheel built for this torch)",
-                       kind=Kind.TORCH_MISMATCH)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                project.package,
+                f"{msg.splitlines()[0]} (a user of its wheel: install the wheel built for this torch)",
+                kind=Kind.TORCH_MISMATCH,
+            )
         elif "undefined symbol" in msg:
-            report.add(Area.EXTENSION, Severity.ERROR, project.package,
-                       f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
-                       f"[{msg.splitlines()[0][:200]}]", kind=Kind.ABI)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                project.package,
+                f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
+                f"[{msg.splitlines()[0][:200]}]",
+                kind=Kind.ABI,
+            )
         else:
-            report.add(Area.EXTENSION, Severity.ERROR, project.package,
-                       f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild", kind=Kind.LOAD)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                project.package,
+                f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild",
+                kind=Kind.LOAD,
+            )
         return set()
     report.add(Area.EXTENSION, Severity.OK, project.package, f"loads into torch as '{load['backend_name']}'")
     for d in load["dangling"]:
-        report.add(Area.EXTENSION, Severity.ERROR, d.splitlines()[0][:200],
-                   "kernel registered for an operator that does not exist in this torch", kind=Kind.DANGLING)
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            d.splitlines()[0][:200],
+            "kernel registered for an operator that does not exist in this torch",
+            kind=Kind.DANGLING,
+        )
     for op, k in load["kernels"].items():
         rec = project.find_op(op)
         if not k["has"]:
-            report.add(Area.EXTENSION, Severity.ERROR, op, "recorded in backendgen.json but the library registers no kernel for it: rebuild",
-                       kind=Kind.MISSING_KERNEL)
+            report.add(
+                Area.EXTENSION,
+                Severity.ERROR,
+                op,
+                "recorded in backendgen.json but the library registers no kernel for it: rebuild",
+                kind=Kind.MISSING_KERNEL,
+            )
         elif rec is not None and rec.origin == "add-op" and not _registered_here(k["line"], project, rec.source):
-            report.add(Area.EXTENSION, Severity.WARNING, op,
-                       f"its PrivateUse1 kernel is not registered by {project.registration_file} or {rec.source}: {k['line'][:160]}")
+            report.add(
+                Area.EXTENSION,
+                Severity.WARNING,
+                op,
+                f"its PrivateUse1 kernel is not registered by {project.registration_file} or {rec.source}: "
+                f"{k['line'][:160]}",
+            )
     return set(load["registered"])
 
 
@@ -415,13 +501,23 @@ def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered:
     native = [op for op in required if op.qualified in registered]
     fallback = [op for op in required if op.qualified not in registered and not op.lacks_cpu_kernel]
     no_cpu = [op for op in required if op.qualified not in registered and op.lacks_cpu_kernel]
-    report.coverage = {"required": len(required), "native": len(native), "fallback": len(fallback),
-                       "no_cpu_kernel": len(no_cpu)}
-    report.add(Area.COVERAGE, Severity.INFO, "operators",
-               f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
-               f"{len(fallback)} run through the CPU fallback; {len(no_cpu)} have no CPU kernel for it to run "
-               "(CUDA-only and the like)", **report.coverage)
+    report.coverage = {
+        "required": len(required),
+        "native": len(native),
+        "fallback": len(fallback),
+        "no_cpu_kernel": len(no_cpu),
+    }
+    report.add(
+        Area.COVERAGE,
+        Severity.INFO,
+        "operators",
+        f"{len(native)} of the {len(required)} operators that need a backend kernel are native; "
+        f"{len(fallback)} run through the CPU fallback; {len(no_cpu)} have no CPU kernel for it to run "
+        "(CUDA-only and the like)",
+        **report.coverage,
+    )
     if list_ops:
+
         def order(ops):
             return [o.qualified for o in sorted(ops, key=lambda o: ("core" not in o.tags, o.name))]
 
@@ -437,18 +533,34 @@ def _check_consistency(report: CheckReport, project: Project) -> None:
     state = consistency.inspect(project)
     for rel in state.missing:
         why = "every build runs it" if rel in consistency.BUILD_FILES else "recorded in backendgen.json"
-        report.add(Area.EXTENSION, Severity.ERROR, rel, f"missing ({why}): restore it, e.g. git checkout -- {rel}",
-                   kind=Kind.MISSING_FILE)
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            rel,
+            f"missing ({why}): restore it, e.g. git checkout -- {rel}",
+            kind=Kind.MISSING_FILE,
+        )
     for entry in state.unbuilt:
-        report.add(Area.EXTENSION, Severity.ERROR, entry,
-                   "recorded in backendgen.json but not in the library's last build: backendgen build (or rerun its add-op)",
-                   kind=Kind.UNBUILT)
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            entry,
+            "recorded in backendgen.json but not in the library's last build: backendgen build (or rerun its add-op)",
+            kind=Kind.UNBUILT,
+        )
     if state.removed:
-        report.add(Area.EXTENSION, Severity.WARNING, ", ".join(state.removed[:5]),
-                   "built into the library but no longer recorded: rebuild (backendgen build)", kind=Kind.UNBUILT)
+        report.add(
+            Area.EXTENSION,
+            Severity.WARNING,
+            ", ".join(state.removed[:5]),
+            "built into the library but no longer recorded: rebuild (backendgen build)",
+            kind=Kind.UNBUILT,
+        )
 
 
-def check_project(project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None) -> CheckReport:
+def check_project(
+    project: Project, *, strict: bool = False, list_ops: bool = False, opdb: OpDB | None = None
+) -> CheckReport:
     # The probe (one `import torch`) is most of a check: it starts first, with every recorded schema
     # (the live ones are looked up only for those; cheap), and torch's files are read meanwhile.
     reads = device_module_reads()
@@ -489,14 +601,19 @@ def render_report(report: CheckReport, out) -> None:
     out.table(["area", "", "subject", "finding"], rows)
     if "native_ops" in report.coverage:
         out.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
-        out.print(f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"]))
+        out.print(
+            f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"])
+        )
         if report.coverage.get("no_cpu_kernel_ops"):
-            out.print(f"\nno CPU kernel ({len(report.coverage['no_cpu_kernel_ops'])}): "
-                      + ", ".join(report.coverage["no_cpu_kernel_ops"]))
+            out.print(
+                f"\nno CPU kernel ({len(report.coverage['no_cpu_kernel_ops'])}): "
+                + ", ".join(report.coverage["no_cpu_kernel_ops"])
+            )
     out.print("\n", styled(report.verdict, "bold " + ("red" if report.exit_code else "green")))
 
 
 # --- the command -------------------------------------------------------------------------------
+
 
 def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bool = False, accept: bool = False):
     """Check the project against the installed torch. With `accept`, a check without errors (and
@@ -538,5 +655,10 @@ def _accept(change, db: OpDB) -> dict:
             if rewrite:
                 registration.write(project, db, tx)
             change.save_record()
-    return {"changed": changed or rewrite, "from": before["version"], "to": db.torch_version, "updated_ops": sorted(updated),
-            "rebuild": rewrite}
+    return {
+        "changed": changed or rewrite,
+        "from": before["version"],
+        "to": db.torch_version,
+        "updated_ops": sorted(updated),
+        "rebuild": rewrite,
+    }

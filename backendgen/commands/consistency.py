@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backendgen.toolchain import build
 from backendgen.plumbing.errors import ProjectError
 from backendgen.project.on_disk import Project
+from backendgen.toolchain import build
 
 # files a build of any generated project runs
 BUILD_FILES = ("setup.py", "pyproject.toml")
@@ -66,11 +66,18 @@ def require_files(project: Project, state: State, *, ignore: tuple[str, ...] = (
         return
     listed = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
     one = len(missing) == 1
-    why = ("backendgen.json records it" if one else "backendgen.json records them") \
-        if any(rel not in BUILD_FILES for rel in missing) else ("every build runs it" if one else "every build runs them")
-    also = ", or remove its operator with backendgen remove-op" if any(rel not in BUILD_FILES for rel in missing) else ""
-    raise ProjectError(f"{listed} {'is' if one else 'are'} missing from {project.root} ({why}); restore "
-                       f"{'it' if one else 'them'} (e.g. git checkout -- {missing[0]}){also}")
+    why = (
+        ("backendgen.json records it" if one else "backendgen.json records them")
+        if any(rel not in BUILD_FILES for rel in missing)
+        else ("every build runs it" if one else "every build runs them")
+    )
+    also = (
+        ", or remove its operator with backendgen remove-op" if any(rel not in BUILD_FILES for rel in missing) else ""
+    )
+    raise ProjectError(
+        f"{listed} {'is' if one else 'are'} missing from {project.root} ({why}); restore "
+        f"{'it' if one else 'them'} (e.g. git checkout -- {missing[0]}){also}"
+    )
 
 
 def unbuilt_records(project: Project, state: State) -> list[str]:

@@ -42,8 +42,11 @@ def list_ops(pattern: str | None = None, project_dir: Path | None = None, *, req
             continue
         if required and not op.needs_backend_kernel:
             continue
-        if (project.covering(op.qualified) is not None if project is not None
-                else template.registering(op.qualified) is not None):
+        if (
+            project.covering(op.qualified) is not None
+            if project is not None
+            else template.registering(op.qualified) is not None
+        ):
             status = "native"
         elif op.structured_delegate or {"CPU", "CompositeExplicitAutograd"} <= set(op.dispatch_keys):
             status = "fallback"  # registered to the fallback by name (registration.fallback_registrations)

@@ -68,8 +68,9 @@ def new_backend(
         notes = []
         if stale is not None:
             build.uninstall(names.dist_name)
-            notes.append(f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, "
-                         "which no longer exists")
+            notes.append(
+                f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, which no longer exists"
+            )
     with rep.step("render"):
         tpl = manifest.load()
         context = {
@@ -93,8 +94,7 @@ def new_backend(
             registration.write(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
-    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes,
-                       torch_note=torch_note)
+    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes, torch_note=torch_note)
     if build_it:
         try:
             faults.reached("new:rendered")
@@ -126,7 +126,10 @@ def _initial_record(names: naming.Names, devices: int, db: OpDB, tpl: manifest.M
         backendgen_version=__version__,
         template_version=str(tpl.template_version),
         template_state=history.current_state(),  # the exact template (backendgen.project.template_tree)
-        device=names.device, DEVICE=names.DEVICE, package=names.package, dist_name=names.dist_name,
+        device=names.device,
+        DEVICE=names.DEVICE,
+        package=names.package,
+        dist_name=names.dist_name,
         num_devices=devices,
         torch=TorchTarget(version=db.torch_version, native_functions_sha256=db.yaml_sha256),
         # the template's autocast table, for the operators the installed torch has

@@ -27,8 +27,8 @@ from pathlib import Path
 from backendgen.kinds import kernelgen
 from backendgen.plumbing.environment import subprocess_env
 from backendgen.plumbing.errors import EnvironmentProblem, ProjectError, UserError
-from backendgen.torchdb.opdb import OpDB, load_opdb
 from backendgen.project.on_disk import Project
+from backendgen.torchdb.opdb import OpDB, load_opdb
 
 
 @dataclass
@@ -131,7 +131,10 @@ def add_op_target(name: str, db: OpDB, project: Project) -> tuple[str | None, st
         return None, _short_reason(name, str(e))
     target = plan.target.qualified
     if project.covering(target) is not None:
-        return target, "native in backendgen.json, but the installed build ran it on the CPU: rebuild (backendgen build)"
+        return (
+            target,
+            "native in backendgen.json, but the installed build ran it on the CPU: rebuild (backendgen build)",
+        )
     return target, None
 
 
@@ -139,7 +142,7 @@ def _short_reason(name: str, message: str) -> str:
     reason = message.split("; ", 1)[0]
     for prefix in (f"{name}: ", f"{name} ", f"{name.removeprefix('aten::')}: "):
         if reason.startswith(prefix):
-            return reason[len(prefix):]
+            return reason[len(prefix) :]
     return reason
 
 
@@ -238,8 +241,10 @@ def check_installed(project: Project) -> None:
 
 # --- the command -------------------------------------------------------------------------------
 
-def profile(script: Path, args: list[str] | None = None, project_dir: Path | None = None, *,
-            stdout_to_stderr: bool = False):
+
+def profile(
+    script: Path, args: list[str] | None = None, project_dir: Path | None = None, *, stdout_to_stderr: bool = False
+):
     """Run `script` (with `args`) on the project's backend and return what ran on the CPU fallback,
     ranked, with the `backendgen add-op` argument for each operator (a `ProfileResult`).
 

@@ -54,16 +54,24 @@ class TestResult:
         return 1 if failed or (self.suite is not None and not self.suite.ok) else 0
 
 
-def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_in: tuple[str, ...] = (),
-                 patterns: list[str] | None = None,
-                 dtypes: list[str] | None = None, samples: int | None = None, workers: int | None = None,
-                 strict: bool = False, write_expected: Path | None = None,
-                 reporter: Reporter | None = None) -> TestResult:
+def test_backend(
+    project_dir: Path | None = None,
+    *,
+    opinfo: bool = False,
+    opt_in: tuple[str, ...] = (),
+    patterns: list[str] | None = None,
+    dtypes: list[str] | None = None,
+    samples: int | None = None,
+    workers: int | None = None,
+    strict: bool = False,
+    write_expected: Path | None = None,
+    reporter: Reporter | None = None,
+) -> TestResult:
     """Run the project's tests; with `opinfo` also its conformance suite (backendgen.toolchain.conformance);
     then each opt-in suite named in `opt_in` (OPT_IN_SUITES: "compile", "distributed", "models"). Failures
     are in the result (exit_code 1); bad arguments raise UserError."""
-    from backendgen.toolchain import conformance
     from backendgen.plumbing.errors import TestFailure
+    from backendgen.toolchain import conformance
 
     rep = reporter or Reporter()
     project = Project.find() if project_dir is None else Project.load(Path(project_dir))
@@ -71,7 +79,10 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
         raise ProjectError(f"{project.root} is not built yet; run backendgen build --project {project.root}")
     check_no_other_backend(project.dist_name)
     if not opinfo and (patterns or dtypes or samples is not None or workers is not None or strict or write_expected):
-        raise UserError("-k, --dtype, --samples, --workers, --strict and --write-expected select the conformance suite: add --opinfo")
+        raise UserError(
+            "-k, --dtype, --samples, --workers, --strict and --write-expected select the conformance suite: "
+            "add --opinfo"
+        )
     by_option = {s.option: s for s in OPT_IN_SUITES}
     unknown = [name for name in opt_in if name not in by_option]
     if unknown:
@@ -79,14 +90,22 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
     suites = [by_option[name] for name in dict.fromkeys(opt_in)]
     for s in suites:
         if not (project.root / project.paths[s.paths_key]).exists():
-            raise ProjectError(f"{project.root} has no {s.what} ({project.paths[s.paths_key]}, template {s.since} and later); "
-                               "docs/upgrading.md says how an older project takes them over")
+            raise ProjectError(
+                f"{project.root} has no {s.what} ({project.paths[s.paths_key]}, template {s.since} and later); "
+                "docs/upgrading.md says how an older project takes them over"
+            )
     result = TestResult(project.root)
     with project.lock():
         if opinfo:  # first: it checks its arguments before anything runs
             with rep.step("conformance"):
                 result.suite = conformance.run_suite(
-                    project.root, runner=project.paths["conformance_runner"], patterns=patterns, dtypes=dtypes, samples=samples, workers=workers, strict=strict,
+                    project.root,
+                    runner=project.paths["conformance_runner"],
+                    patterns=patterns,
+                    dtypes=dtypes,
+                    samples=samples,
+                    workers=workers,
+                    strict=strict,
                     write_expected=write_expected,
                 )
         with rep.step("test"):
@@ -98,7 +117,9 @@ def test_backend(project_dir: Path | None = None, *, opinfo: bool = False, opt_i
             run = SuiteRun(s)
             with rep.step(s.option):
                 try:
-                    run.log = build.run_tests(project.root, [project.paths[s.paths_key]], name=s.option, marker=s.marker)
+                    run.log = build.run_tests(
+                        project.root, [project.paths[s.paths_key]], name=s.option, marker=s.marker
+                    )
                 except TestFailure as e:
                     run.failure, run.log = str(e), e.log
             result.opt_in.append(run)

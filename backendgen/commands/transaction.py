@@ -59,8 +59,10 @@ class Change:
     @contextlib.contextmanager
     def writing(self, rep: Reporter | None = None, *, step: str = "write") -> Iterator[Transaction]:
         """The write step: a full disk or a read-only project is one line, and nothing stays half-written."""
-        with (rep.step(step) if rep is not None else contextlib.nullcontext()), \
-                writes(self.project.root, "the project was left as it was"):
+        with (
+            rep.step(step) if rep is not None else contextlib.nullcontext(),
+            writes(self.project.root, "the project was left as it was"),
+        ):
             yield self.transaction
 
     def save_record(self) -> None:
@@ -72,15 +74,23 @@ class Change:
         """The files written so far (not the built library)."""
         return [p for p in (self.tx.written if self.tx else []) if p.exists() and p.suffix != ".so"]
 
-    def build_and_test(self, rep: Reporter, *, tests: list[str] | None = None, incremental: bool = True,
-                       test: bool = True, early: bool = False, name: str = "test") -> None:
+    def build_and_test(
+        self,
+        rep: Reporter,
+        *,
+        tests: list[str] | None = None,
+        incremental: bool = True,
+        test: bool = True,
+        early: bool = False,
+        name: str = "test",
+    ) -> None:
         """Build; then run `tests` (None: the whole suite; []: none). `early`: the tests' process starts
         while the kernels compile (only into an installed project: a first install is not visible to a
         running process)."""
         p = self.project
         dist = p.dist_name
         early = bool(early and test and tests and build.installed_from(p.root, dist))
-        with (build.tests_started_early(p.root, tests, name=name) if early else contextlib.nullcontext()) as run_early:
+        with build.tests_started_early(p.root, tests, name=name) if early else contextlib.nullcontext() as run_early:
             with rep.step("build"):
                 build.build(p.root, p.package, dist, incremental=incremental)
             self.built = True
@@ -96,14 +106,22 @@ class Change:
             return  # nothing written yet
         if self.keep_on_failure and not isinstance(exc, KeyboardInterrupt):
             if hasattr(exc, "hint"):
-                exc.hint = self.kept.format(files=", ".join(str(p.relative_to(self.project.root)) for p in self.written))
+                exc.hint = self.kept.format(
+                    files=", ".join(str(p.relative_to(self.project.root)) for p in self.written)
+                )
         else:
             self.tx.rollback()
 
 
 @contextlib.contextmanager
-def change(project: Project, *, require_files: bool = True, rebuilds: bool = True, keep_on_failure: bool = False,
-           kept: str | None = None) -> Iterator[Change]:
+def change(
+    project: Project,
+    *,
+    require_files: bool = True,
+    rebuilds: bool = True,
+    keep_on_failure: bool = False,
+    kept: str | None = None,
+) -> Iterator[Change]:
     """Hold the project's lock, inspect it (backendgen.json vs its files vs the built library) and refuse
     a missing file (`require_files`; a command that deletes files checks after it knows which, with
     `Change.require_files`); roll back what the block wrote if it fails."""
@@ -121,6 +139,7 @@ def change(project: Project, *, require_files: bool = True, rebuilds: bool = Tru
 
 
 # --- gates ------------------------------------------------------------------------------------------
+
 
 def check_no_other_backend(dist_name: str) -> None:
     """Only one PrivateUse1 backend can load per process; another autoloading one breaks the new one's tests."""

@@ -39,21 +39,21 @@ from pathlib import Path
 from backendgen import __version__
 from backendgen.commands import transaction
 from backendgen.commands.transaction import check_no_other_backend
-from backendgen.kinds import registration
+from backendgen.kinds import registration, registry
 from backendgen.kinds.aten_carry import kernel_files
-from backendgen.kinds import registry
-from backendgen.plumbing.progress import Reporter
-from backendgen.toolchain import build
-from backendgen.project import history, manifest, naming, template_tree
-from backendgen.torchdb.drift import Drift, argument_names, classify
 from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
+from backendgen.plumbing.progress import Reporter
 from backendgen.plumbing.textenum import TextEnum
+from backendgen.project import history, manifest, naming, template_tree
 from backendgen.project.history import current_version, template_of
 from backendgen.project.merge import has_markers, merge3
-from backendgen.torchdb.opdb import OpDB, load_opdb
 from backendgen.project.on_disk import METADATA_FILE, Project
 from backendgen.project.record import TorchTarget, UpdateState
+from backendgen.toolchain import build
+from backendgen.torchdb.drift import Drift, argument_names, classify
+from backendgen.torchdb.opdb import OpDB, load_opdb
+
 
 # Written from backendgen.json by backendgen itself, never merged: the registration of every add-op
 # kernel (sealed with its own hash; add-op refuses a hand-edited one) and the metadata file. The
@@ -168,11 +168,14 @@ class Plan:
         for rel in sorted(self.writes):
             old, new = self.original(rel), self.writes[rel]
             if isinstance(old, bytes) or isinstance(new, bytes):
-                out.append(f"Binary files {'a/' + rel if old is not None else '/dev/null'} and "
-                           f"{'b/' + rel if new is not None else '/dev/null'} differ\n")
+                out.append(
+                    f"Binary files {'a/' + rel if old is not None else '/dev/null'} and "
+                    f"{'b/' + rel if new is not None else '/dev/null'} differ\n"
+                )
                 continue
             out += difflib.unified_diff(
-                (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True),
+                (old or "").splitlines(keepends=True),
+                (new or "").splitlines(keepends=True),
                 fromfile=f"a/{rel}" if old is not None else "/dev/null",
                 tofile=f"b/{rel}" if new is not None else "/dev/null",
             )
@@ -180,6 +183,7 @@ class Plan:
 
 
 # --- checks before anything is planned -----------------------------------------------------------
+
 
 def recorded_version(project: Project) -> int:
     raw = project.record.template_version or "1"  # template-1 projects of the first releases lack it
@@ -189,7 +193,9 @@ def recorded_version(project: Project) -> int:
         version = 0
     current = current_version()
     if version < 1:
-        raise ProjectError(f"{project.metadata_path} records an unknown template version {raw!r}; restore it from version control")
+        raise ProjectError(
+            f"{project.metadata_path} records an unknown template version {raw!r}; restore it from version control"
+        )
     if version > current:
         raise ProjectError(
             f"the project is on template {version} but this backendgen's template is {current}; upgrade backendgen"
@@ -202,11 +208,16 @@ def git_dirty(root: Path) -> list[str] | None:
     or not a repository: nothing to compare with)."""
     if shutil.which("git") is None:
         return None
-    inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True)
+    inside = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
+    )
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         return None
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--", "."],
-                            capture_output=True, text=True)
+    status = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--", "."],
+        capture_output=True,
+        text=True,
+    )
     if status.returncode != 0:
         return None
     return [line[3:] for line in status.stdout.splitlines() if line[3:] and not line[3:].endswith(".backendgen.lock")]
@@ -228,6 +239,7 @@ def pending_conflicts(project: Project) -> list[str]:
 
 # --- the template -----------------------------------------------------------------------------------
 
+
 def answers(project: Project, version: int, backendgen_version: str) -> dict[str, str]:
     """The cookiecutter context backendgen new gave the template (api.new_backend), from the project's
     own record, for template `version`."""
@@ -236,8 +248,10 @@ def answers(project: Project, version: int, backendgen_version: str) -> dict[str
     naming.check_package_name(r.package)
     names = naming.derive(r.device, r.package).context()
     if names["dist_name"] != r.dist_name:
-        raise ProjectError(f"{project.metadata_path}: dist_name {r.dist_name!r} does not follow from package "
-                           f"{r.package!r}; restore it from version control")
+        raise ProjectError(
+            f"{project.metadata_path}: dist_name {r.dist_name!r} does not follow from package "
+            f"{r.package!r}; restore it from version control"
+        )
     devices = r.num_devices if r.num_devices is not None else 2
     if not isinstance(devices, int) or not 1 <= devices <= 64:
         raise ProjectError(f"{project.metadata_path}: num_devices {devices!r} is not a number of devices (1-64)")
@@ -256,11 +270,14 @@ def _render_files(template: Path, context: dict[str, str], into: Path) -> dict[s
 
     into.mkdir(parents=True, exist_ok=True)
     root = render_into(into, context, template=template)
-    return {rel: (template_tree.text_or_bytes(data), (root / rel).stat().st_mode & 0o777)
-            for rel, data in template_tree.files(root).items()}
+    return {
+        rel: (template_tree.text_or_bytes(data), (root / rel).stat().st_mode & 0o777)
+        for rel, data in template_tree.files(root).items()
+    }
 
 
 # --- the merge base: which state of the older template made the project ----------------------------------
+
 
 @dataclass
 class Base:
@@ -308,8 +325,9 @@ def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, b
 
     todo = sorted(rel for rel, key in keys.items() if key not in _file_renders)
     if todo:
-        partial = dataclasses.replace(state, files=tuple(
-            (rel, digest) for rel, digest in state.files if rel in todo or "/" not in rel))
+        partial = dataclasses.replace(
+            state, files=tuple((rel, digest) for rel, digest in state.files if rel in todo or "/" not in rel)
+        )
         with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
             with history.materialized(partial) as tpl:
                 from backendgen.project.render import render_into
@@ -349,8 +367,9 @@ def choose_base(project: Project, version: int) -> Base:
         return Base(None, note + "the installed template")
     candidates = history.states(version)
     if not candidates:
-        raise ProjectError(f"this backendgen has no copy of template {version} (backendgen/template_history); "
-                           "reinstall backendgen")
+        raise ProjectError(
+            f"this backendgen has no copy of template {version} (backendgen/template_history); reinstall backendgen"
+        )
     if len(candidates) == 1:
         return Base(candidates[0], note + candidates[0].describe())
     context = answers(project, version, (project.record.backendgen_version or __version__))
@@ -374,8 +393,11 @@ def choose_base(project: Project, version: int) -> Base:
     scored = [(*score(s), s.order, s) for s in candidates]
     best, _, _, state = max(scored, key=lambda t: t[:3])
     total = len([rel for rel in _rendered_hashes(state, context) if rel not in tool_owned()])
-    return Base(state, note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
-                f"of the project's files ({best} of {total}; {len(candidates)} states compared)")
+    return Base(
+        state,
+        note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
+        f"of the project's files ({best} of {total}; {len(candidates)} states compared)",
+    )
 
 
 def earlier_state_of_current(project: Project) -> history.State | None:
@@ -408,8 +430,9 @@ def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: in
     new = result.to_version
     labels = ("yours", f"template {old}", f"template {new}")
     with tempfile.TemporaryDirectory(prefix="backendgen-update-") as tmp:
-        base = _render_files(old_dir, answers(project, old, (project.record.backendgen_version or __version__)),
-                             Path(tmp) / "base")
+        base = _render_files(
+            old_dir, answers(project, old, (project.record.backendgen_version or __version__)), Path(tmp) / "base"
+        )
         with template_of(new) as new_dir:
             theirs = _render_files(new_dir, answers(project, new, __version__), Path(tmp) / "theirs")
     for rel in sorted(set(base) | set(theirs)):
@@ -420,8 +443,17 @@ def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: in
         merge_file(plan, result, rel, b, t, labels, mode=mode)
 
 
-def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | bytes | None, theirs: str | bytes | None,
-               labels: tuple[str, str, str], *, mode: int | None = None, regenerated: bool = False) -> None:
+def merge_file(
+    plan: Plan,
+    result: UpdateResult,
+    rel: str,
+    base: str | bytes | None,
+    theirs: str | bytes | None,
+    labels: tuple[str, str, str],
+    *,
+    mode: int | None = None,
+    regenerated: bool = False,
+) -> None:
     """Plan one file: base -> theirs merged into the project's text (None: no such file). A file
     that is bytes on any side is never merged: the template's replaces the project's only if the
     project's is the base's."""
@@ -451,13 +483,22 @@ def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | bytes | N
         result.changes.append(FileChange(rel, Action.REGENERATED if regenerated else Action.UPDATED))
         return
     if any(isinstance(x, bytes) for x in (base, ours, theirs)):
-        result.changes.append(FileChange(rel, Action.KEPT, "not text, changed by you and by the template: yours is "
-                                         "kept; take the template's change by hand"))
+        result.changes.append(
+            FileChange(
+                rel,
+                Action.KEPT,
+                "not text, changed by you and by the template: yours is kept; take the template's change by hand",
+            )
+        )
         return
     merged = merge3(base or "", ours, theirs, labels=labels)
     plan.write(rel, merged.text)
     if merged.conflicts:
-        what = "the project already has a different file there" if base is None else f"{merged.conflicts} conflicting region(s)"
+        what = (
+            "the project already has a different file there"
+            if base is None
+            else f"{merged.conflicts} conflicting region(s)"
+        )
         result.changes.append(FileChange(rel, Action.CONFLICT, what))
     elif merged.text != ours:
         result.changes.append(FileChange(rel, Action.MERGED))
@@ -466,6 +507,7 @@ def merge_file(plan: Plan, result: UpdateResult, rel: str, base: str | bytes | N
 # --- kernels add-op wrote -----------------------------------------------------------------------------
 
 # --- --torch ------------------------------------------------------------------------------------------
+
 
 def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> set[str]:
     """Re-derive every recorded operator's signature from the installed torch. Where only types
@@ -478,13 +520,24 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
     for rec in project.ops:
         op = db.get(rec.op)
         where = rec.source or manifest.load().path("template_kernels")
-        kind = classify(rec.signature, op, schema_unchanged=op is not None and (rec.schema, rec.signature) == (op.qualified_schema, op.signature))
+        kind = classify(
+            rec.signature,
+            op,
+            schema_unchanged=op is not None and (rec.schema, rec.signature) == (op.qualified_schema, op.signature),
+        )
         if kind is Drift.UNCHANGED:
             continue
         if kind is Drift.REMOVED:
             matches = db.close_matches(rec.op)
-            fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"removed from torch {db.torch_version}: "
-                                  f"port the kernel or backendgen remove-op {rec.op}", close_matches=matches))
+            fixes.append(
+                TorchFix(
+                    rec.op,
+                    where,
+                    Fix.UNFIXABLE,
+                    f"removed from torch {db.torch_version}: port the kernel or backendgen remove-op {rec.op}",
+                    close_matches=matches,
+                )
+            )
             continue
         if kind is Drift.SCHEMA_CHANGED:
             rec.schema, rec.signature = op.qualified_schema, op.signature
@@ -494,8 +547,14 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
             fixes.append(TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated"))
             continue
         if rec.origin != "add-op":
-            fixes.append(TorchFix(rec.op, where, Fix.UNFIXABLE, f"its kernel is part of the template ({where}): "
-                                  f"change it to {op.signature}"))
+            fixes.append(
+                TorchFix(
+                    rec.op,
+                    where,
+                    Fix.UNFIXABLE,
+                    f"its kernel is part of the template ({where}): change it to {op.signature}",
+                )
+            )
             continue
         text = plan.read(rec.source)
         text = None if isinstance(text, bytes) else text  # not text: listed as unfixable below
@@ -505,13 +564,25 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
             fixes.append(TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}"))
             continue
         if argument_names(op.signature) != argument_names(rec.signature):
-            fixes.append(TorchFix(rec.op, rec.source, Fix.UNFIXABLE, f"arguments changed: {rec.signature} -> "
-                                  f"{op.signature}; edit the kernel to the new signature"))
+            fixes.append(
+                TorchFix(
+                    rec.op,
+                    rec.source,
+                    Fix.UNFIXABLE,
+                    f"arguments changed: {rec.signature} -> {op.signature}; edit the kernel to the new signature",
+                )
+            )
             continue
         line = f"{rec.signature} {{"
         if text is None or text.count(line) != 1:
-            fixes.append(TorchFix(rec.op, rec.source, Fix.UNFIXABLE, f"the line `{line}` is not in the file (once); "
-                                  f"change it to {op.signature}"))
+            fixes.append(
+                TorchFix(
+                    rec.op,
+                    rec.source,
+                    Fix.UNFIXABLE,
+                    f"the line `{line}` is not in the file (once); change it to {op.signature}",
+                )
+            )
             continue
         plan.write(rec.source, text.replace(line, f"{op.signature} {{"))
         rec.schema, rec.signature = op.qualified_schema, op.signature
@@ -524,9 +595,18 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
 
 # --- the command -------------------------------------------------------------------------------
 
-def update_project(project_dir: Path | None = None, *, dry_run: bool = False, torch_signatures: bool = False,
-                   build_it: bool = True, test_it: bool = True, allow_dirty: bool = False,
-                   keep_on_failure: bool = False, reporter: Reporter | None = None) -> UpdateResult:
+
+def update_project(
+    project_dir: Path | None = None,
+    *,
+    dry_run: bool = False,
+    torch_signatures: bool = False,
+    build_it: bool = True,
+    test_it: bool = True,
+    allow_dirty: bool = False,
+    keep_on_failure: bool = False,
+    reporter: Reporter | None = None,
+) -> UpdateResult:
     """Carry a project to the current template: tool-owned files rewritten, the others merged 3-way so
     no hand edit is lost, add-op's kernels brought to the current kernel shape. With
     `torch_signatures`, first re-derive every recorded operator's signature from the installed torch
@@ -547,8 +627,10 @@ def update_project(project_dir: Path | None = None, *, dry_run: bool = False, to
             dirty = git_dirty(project.root)
             if dirty:
                 more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
-                raise ProjectError(f"{project.root} has uncommitted changes ({dirty[0]}{more}); commit or stash them, "
-                                   "or pass --allow-dirty")
+                raise ProjectError(
+                    f"{project.root} has uncommitted changes ({dirty[0]}{more}); commit or stash them, "
+                    "or pass --allow-dirty"
+                )
         with rep.step("plan"):
             result.unresolved = pending_conflicts(project)
             if result.unresolved:

@@ -73,22 +73,29 @@ def carry_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
         if isinstance(ours, bytes):
             step.note(f"{source} is not UTF-8 text; left as it is")
             continue
-        theirs = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
+        theirs = kernelgen.render_kernel(
+            new_plan, device=project.device, source_path=source, torch_version=db.torch_version
+        )
         recorded = recs[0].source_sha256
         base_plan = kernelgen.plan_kernel(db, op, features=manifest.load().features_of(step.old))
-        base, exact = kernel_base(project, db, op, source, ours, recorded, old=step.old, old_ops=old_ops, old_torch=step.old_torch)
+        base, exact = kernel_base(
+            project, db, op, source, ours, recorded, old=step.old, old_ops=old_ops, old_torch=step.old_torch
+        )
         unedited = recorded is not None and sha256_text(ours) == recorded
         if unedited:
             step.merge(source, ours, theirs, regenerated=True)
         else:
             if not exact:
-                step.note(f"{source}: the kernel add-op first wrote could not be rebuilt exactly; "
-                                    "merged against its closest shape (read the merge)")
+                step.note(
+                    f"{source}: the kernel add-op first wrote could not be rebuilt exactly; "
+                    "merged against its closest shape (read the merge)"
+                )
             step.merge(source, base, theirs)
         # the test add-op wrote beside it
         if (project.root / test).exists() or step.read(test) is not None:
-            base_test = (_try_render(kernelgen.render_test, base_plan, device=project.device, source_path=source, ops_dir=old_ops)
-                         or kernelgen.render_test(base_plan, device=project.device, source_path=source))
+            base_test = _try_render(
+                kernelgen.render_test, base_plan, device=project.device, source_path=source, ops_dir=old_ops
+            ) or kernelgen.render_test(base_plan, device=project.device, source_path=source)
             step.merge(test, base_test, kernelgen.render_test(new_plan, device=project.device, source_path=source))
         for rec in recs:
             project.remove_op(rec.op)
@@ -97,8 +104,12 @@ def carry_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
     if step.read(harness) is not None:
         registration_file = project.paths["registration"]
         new_harness = kernelgen.render_harness(device=project.device, registration_file=registration_file)
-        old_harness = (_try_render(kernelgen.render_harness, device=project.device, registration_file=registration_file,
-                                   ops_dir=old_ops) or new_harness)
+        old_harness = (
+            _try_render(
+                kernelgen.render_harness, device=project.device, registration_file=registration_file, ops_dir=old_ops
+            )
+            or new_harness
+        )
         step.merge(harness, old_harness, new_harness)
 
 
@@ -132,21 +143,39 @@ def add_default_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
         if step.read(source) is not None or step.read(test) is not None:
             step.note(f"{op.qualified}: not added, {source} or {test} exists (backendgen add-op {op.qualified})")
             continue
-        text = kernelgen.render_kernel(new_plan, device=project.device, source_path=source, torch_version=db.torch_version)
-        for rel, body in ((source, text), (test, kernelgen.render_test(new_plan, device=project.device, source_path=source))):
+        text = kernelgen.render_kernel(
+            new_plan, device=project.device, source_path=source, torch_version=db.torch_version
+        )
+        for rel, body in (
+            (source, text),
+            (test, kernelgen.render_test(new_plan, device=project.device, source_path=source)),
+        ):
             step.add(rel, body, f"a default kernel of template {step.new}")
         for rec in kernel_records(project, db, new_plan, source_sha256=sha256_text(text)):
             project.add_op(rec)
         added = True
     if added:
         harness = kernelgen.render_harness(device=project.device, registration_file=project.paths["registration"])
-        for rel, text in ((f"{project.paths['kernel_tests']}/__init__.py", ""), (project.paths["kernel_harness"], harness)):
+        for rel, text in (
+            (f"{project.paths['kernel_tests']}/__init__.py", ""),
+            (project.paths["kernel_harness"], harness),
+        ):
             if step.read(rel) is None:
                 step.add(rel, text)
 
 
-def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded: str | None, *, old: int,
-                old_ops: Path | None, old_torch: str) -> tuple[str, bool]:
+def kernel_base(
+    project: Project,
+    db: OpDB,
+    op,
+    source: str,
+    ours: str,
+    recorded: str | None,
+    *,
+    old: int,
+    old_ops: Path | None,
+    old_torch: str,
+) -> tuple[str, bool]:
     """The kernel file as add-op wrote it, for the 3-way merge, and whether it is exactly that (its
     hash is the recorded one). Looked for in the project's git history first, then rendered by the
     current kernelgen in the older template's kernel shape (and variants: kernelgen itself has
@@ -160,14 +189,22 @@ def kernel_base(project: Project, db: OpDB, op, source: str, ours: str, recorded
     for features in dict.fromkeys((tpl.features_of(old), tpl.current_features, tpl.features_of(1))):
         plan = kernelgen.plan_kernel(db, op, features=features)
         for ops_dir in (old_ops, None):
-            text = _try_render(kernelgen.render_kernel, plan, device=project.device, source_path=source,
-                               torch_version=old_torch, ops_dir=ops_dir)
+            text = _try_render(
+                kernelgen.render_kernel,
+                plan,
+                device=project.device,
+                source_path=source,
+                torch_version=old_torch,
+                ops_dir=ops_dir,
+            )
             if text is not None:
                 if recorded and sha256_text(text) == recorded:
                     return text, True
                 candidates.append(text)
     ours_lines = ours.splitlines()
-    closest = max(candidates, key=lambda c: difflib.SequenceMatcher(None, c.splitlines(), ours_lines, autojunk=False).ratio())
+    closest = max(
+        candidates, key=lambda c: difflib.SequenceMatcher(None, c.splitlines(), ours_lines, autojunk=False).ratio()
+    )
     return closest, False
 
 
@@ -175,8 +212,9 @@ def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
     """The committed versions of `rel` (newest first) if the project is in a git work tree."""
     if shutil.which("git") is None:
         return []
-    log = subprocess.run(["git", "-C", str(root), "log", f"-n{limit}", "--format=%H", "--", rel],
-                         capture_output=True, text=True)
+    log = subprocess.run(
+        ["git", "-C", str(root), "log", f"-n{limit}", "--format=%H", "--", rel], capture_output=True, text=True
+    )
     if log.returncode != 0:
         return []
     out = []

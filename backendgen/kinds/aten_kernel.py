@@ -69,20 +69,32 @@ class AtenKernels:
             native = sorted(r.op for r in project.ops if r.origin == "add-op")
             raise ProjectError(
                 f"{name!r} has no kernel in this project"
-                + (f" (kernels added with add-op: {', '.join(native)})" if native else " (no kernel was added with add-op)")
+                + (
+                    f" (kernels added with add-op: {', '.join(native)})"
+                    if native
+                    else " (no kernel was added with add-op)"
+                )
             )
         sources = []
         for rec in found:
             if rec.origin != "add-op":
                 raise ProjectError(
-                    f"{rec.op} is part of the template ({rec.source}), not a kernel add-op wrote; edit that file instead"
+                    f"{rec.op} is part of the template ({rec.source}), not a kernel add-op wrote; edit that "
+                    "file instead"
                 )
             sources.append(rec.source)
         out = []
         for source in dict.fromkeys(sources):
             recs = [r for r in project.ops if r.source == source]  # a structured op's functional too
-            out.append(Removal(self, source, [source, *sorted({r.test for r in recs if r.test})], recs,
-                               edited=any(kind.edited(project, source, r.source_sha256) for r in recs)))
+            out.append(
+                Removal(
+                    self,
+                    source,
+                    [source, *sorted({r.test for r in recs if r.test})],
+                    recs,
+                    edited=any(kind.edited(project, source, r.source_sha256) for r in recs),
+                )
+            )
         return out
 
     def unrecord(self, project: Project, rec: OpRecord) -> None:
@@ -116,8 +128,12 @@ class AtenKernels:
         from backendgen.commands.check import Area, Kind, Severity
 
         if project.yaml_sha256 == db.yaml_sha256:
-            report.add(Area.SCHEMA, Severity.OK, "native_functions.yaml",
-                       f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas")
+            report.add(
+                Area.SCHEMA,
+                Severity.OK,
+                "native_functions.yaml",
+                f"unchanged since generation: all {len(project.ops)} registered operators keep their schemas",
+            )
             return
         if probed is not None and "schemas" not in probed:
             probed = None  # the probe did not get as far as the live schemas
@@ -134,25 +150,51 @@ class AtenKernels:
                 base = rec.op.removeprefix("aten::").split(".")[0]
                 matches = db.close_matches(rec.op)
                 hint = f"; close matches: {', '.join(matches)}" if matches else ""
-                report.add(Area.SCHEMA, Severity.ERROR, rec.op,
-                           f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
-                           kind=drift, close_matches=matches, base=base)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.ERROR,
+                    rec.op,
+                    f"removed from torch {db.torch_version}: remove {rec.source} or port it{hint}",
+                    kind=drift,
+                    close_matches=matches,
+                    base=base,
+                )
                 continue
             new_overloads = sorted(set(o.qualified for o in db.overloads(op.base)) - set(rec.overloads or []))
             if rec.overloads and new_overloads:
-                report.add(Area.SCHEMA, Severity.INFO, rec.op, f"new overloads since generation: {', '.join(new_overloads)}",
-                           kind=Kind.NEW_OVERLOADS, overloads=new_overloads)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.INFO,
+                    rec.op,
+                    f"new overloads since generation: {', '.join(new_overloads)}",
+                    kind=Kind.NEW_OVERLOADS,
+                    overloads=new_overloads,
+                )
             if drift is Drift.UNCHANGED:
                 report.add(Area.SCHEMA, Severity.OK, rec.op, "unchanged", kind=drift)
             elif drift is Drift.SCHEMA_CHANGED:
-                report.add(Area.SCHEMA, Severity.WARNING, rec.op,
-                           "schema changed but the C++ kernel signature did not: check the kernel's semantics",
-                           kind=drift, old=recorded_c, new=live_c)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.WARNING,
+                    rec.op,
+                    "schema changed but the C++ kernel signature did not: check the kernel's semantics",
+                    kind=drift,
+                    old=recorded_c,
+                    new=live_c,
+                )
             else:
-                report.add(Area.SCHEMA, Severity.ERROR, rec.op,
-                           f"kernel signature changed: {rec.signature}  ->  {op.signature}",
-                           kind=drift, old=recorded_c, new=live_c,
-                           old_signature=rec.signature, new_signature=op.signature, source=rec.source)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.ERROR,
+                    rec.op,
+                    f"kernel signature changed: {rec.signature}  ->  {op.signature}",
+                    kind=drift,
+                    old=recorded_c,
+                    new=live_c,
+                    old_signature=rec.signature,
+                    new_signature=op.signature,
+                    source=rec.source,
+                )
 
 
 KIND = AtenKernels()
@@ -160,11 +202,17 @@ KIND = AtenKernels()
 
 # --- records -------------------------------------------------------------------------------------------
 
+
 def template_record(project: Project, db: OpDB, op: Op) -> OpRecord:
     """The record of an operator the template registers itself (manifest.builtin_ops)."""
-    return OpRecord(op=op.qualified, schema=op.qualified_schema, signature=op.signature,
-                    source=project.paths["template_kernels"], origin="template",
-                    overloads=[o.qualified for o in db.overloads(op.base)])
+    return OpRecord(
+        op=op.qualified,
+        schema=op.qualified_schema,
+        signature=op.signature,
+        source=project.paths["template_kernels"],
+        origin="template",
+        overloads=[o.qualified for o in db.overloads(op.base)],
+    )
 
 
 def kernel_paths(plan: kernelgen.KernelPlan, project: Project) -> tuple[str, str]:
@@ -197,6 +245,7 @@ def kernel_records(project: Project, db: OpDB, plan: kernelgen.KernelPlan, *, so
 
 # --- planning ------------------------------------------------------------------------------------------
 
+
 def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelgen.KernelPlan], list[str]]:
     """Plans for the ops not yet native in `project`, and the requested ops that already are."""
     plans, unchanged, seen = [], [], set()
@@ -208,7 +257,8 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
         if rec is not None:
             if rec.source and rec.origin == "add-op" and not (project.root / rec.source).exists():
                 raise ProjectError(
-                    f"{target} is recorded but its kernel {rec.source} is missing; restore it (e.g. git checkout {rec.source})"
+                    f"{target} is recorded but its kernel {rec.source} is missing; restore it (e.g. git "
+                    f"checkout {rec.source})"
                 )
             unchanged.append(plan.requested.qualified)
             continue
@@ -232,15 +282,24 @@ def no_cpu_kernel_message(op: Op, missing: Op) -> str:
     calls) has none. One line, naming where its kernels are."""
     where = ", ".join(missing.dispatch_keys) or "no backend"
     if missing is op:
-        msg = f"{op.qualified} has no CPU kernel (native_functions.yaml dispatches it to {where} only) and no composite one"
+        msg = (
+            f"{op.qualified} has no CPU kernel (native_functions.yaml dispatches it to {where} only) and no "
+            "composite one"
+        )
     else:
-        msg = (f"{op.qualified} has no CPU kernel: its composite kernel calls {missing.qualified}, which "
-               f"native_functions.yaml dispatches to {where} only")
-    msg += (": the kernel add-op writes would call a CPU kernel that does not exist, so write this one by hand "
-            "from other ATen operators")
+        msg = (
+            f"{op.qualified} has no CPU kernel: its composite kernel calls {missing.qualified}, which "
+            f"native_functions.yaml dispatches to {where} only"
+        )
+    msg += (
+        ": the kernel add-op writes would call a CPU kernel that does not exist, so write this one by hand "
+        "from other ATen operators"
+    )
     point = manifest.load().registering(missing.qualified)
     if point is not None:
-        msg += f"; the current template implements {missing.qualified} ({', '.join(point.paths)}): run backendgen update"
+        msg += (
+            f"; the current template implements {missing.qualified} ({', '.join(point.paths)}): run backendgen update"
+        )
     return msg
 
 
@@ -262,24 +321,30 @@ def template_notes(project: Project, db: OpDB, names: list[str]) -> list[str]:
         if through is None:
             notes.append(f"{name} is native in the template: {where} registers it; edit its kernel there")
         else:
-            notes.append(f"{name} runs on the device through its composite kernel, which calls {through.qualified}: "
-                         f"{where} registers that natively; edit its kernel there")
+            notes.append(
+                f"{name} runs on the device through its composite kernel, which calls {through.qualified}: "
+                f"{where} registers that natively; edit its kernel there"
+            )
     return notes
 
 
 # --- writing -------------------------------------------------------------------------------------------
 
+
 def write_op(project: Project, db: OpDB, plan: kernelgen.KernelPlan, tx: Transaction) -> str:
     """Write the kernel and test of one planned op and record it; return the qualified op."""
     source, test = kernel_paths(plan, project)
     root = project.root
-    kernel_text = kernelgen.render_kernel(plan, device=project.device, source_path=source, torch_version=db.torch_version)
+    kernel_text = kernelgen.render_kernel(
+        plan, device=project.device, source_path=source, torch_version=db.torch_version
+    )
     test_text = kernelgen.render_test(plan, device=project.device, source_path=source)
     for rel, text in ((source, kernel_text), (test, test_text)):
         path = root / rel
         if path.exists() and path.read_text() != text:
             raise ProjectError(
-                f"{rel} exists but backendgen.json does not record it; move it away (or record it) before adding {plan.target.qualified}"
+                f"{rel} exists but backendgen.json does not record it; move it away (or record it) before "
+                f"adding {plan.target.qualified}"
             )
         tx.write(path, text)
     kind.write_test_support(project, tx)

@@ -44,8 +44,10 @@ class AutogradOverrides:
             elif op.qualified not in {o.op.qualified for o in planned.items}:
                 for rel in ov.files:
                     if (project.root / rel).exists():
-                        raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away "
-                                           f"before overriding {op.qualified}")
+                        raise ProjectError(
+                            f"{rel} exists but backendgen.json does not record it; move it away "
+                            f"before overriding {op.qualified}"
+                        )
                 overrides.render(ov, torch_version=db.torch_version)  # refuses what it cannot write, before writing
                 planned.items.append(ov)
                 planned.notes.append(overrides.NOTE.format(op=op.qualified, source=ov.source))
@@ -65,9 +67,17 @@ class AutogradOverrides:
         tx.write(root / ov.source, overrides.render(ov, torch_version=db.torch_version))
         tx.write(root / ov.test, overrides.render_test(ov))
         kind.write_test_support(project, tx)
-        project.put(self.section, OverrideRecord(
-            op=ov.op.qualified, schema=ov.op.qualified_schema, signature=ov.op.signature, source=ov.source,
-            test=ov.test, source_sha256=sha256_of(root / ov.source)))
+        project.put(
+            self.section,
+            OverrideRecord(
+                op=ov.op.qualified,
+                schema=ov.op.qualified_schema,
+                signature=ov.op.signature,
+                source=ov.source,
+                test=ov.test,
+                source_sha256=sha256_of(root / ov.source),
+            ),
+        )
         return ov.op.qualified
 
     # --- records and remove-op ---------------------------------------------------------------------
@@ -83,11 +93,18 @@ class AutogradOverrides:
 
     def removals(self, name: str, project: Project, request: Request) -> list[Removal]:
         bare = name.strip().removeprefix("aten::")
-        rec = next((r for r in project.autograd_overrides
-                    if r.op.removeprefix("aten::") in (bare, f"{bare}.default")
-                    or r.op.removeprefix("aten::").split(".")[0] == bare), None)
-        return kind.whole_record_removal(self, project, rec, have="overridden",
-                                         missing=f"{name[:80]!r} has no autograd override in this project")
+        rec = next(
+            (
+                r
+                for r in project.autograd_overrides
+                if r.op.removeprefix("aten::") in (bare, f"{bare}.default")
+                or r.op.removeprefix("aten::").split(".")[0] == bare
+            ),
+            None,
+        )
+        return kind.whole_record_removal(
+            self, project, rec, have="overridden", missing=f"{name[:80]!r} has no autograd override in this project"
+        )
 
     def unrecord(self, project: Project, rec: OverrideRecord) -> None:
         project.drop(self.section, rec.op)
@@ -118,13 +135,24 @@ class AutogradOverrides:
                 op = None
             drift = classify(r.signature, op, schema_unchanged=op is not None and op.qualified_schema == r.schema)
             if drift is Drift.REMOVED:
-                report.add(Area.SCHEMA, Severity.ERROR, r.op,
-                           f"autograd override of an operator removed from torch {db.torch_version}: "
-                           f"delete {r.source}, {r.test} and its entry in backendgen.json", kind=drift)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.ERROR,
+                    r.op,
+                    f"autograd override of an operator removed from torch {db.torch_version}: "
+                    f"delete {r.source}, {r.test} and its entry in backendgen.json",
+                    kind=drift,
+                )
             elif drift is not Drift.UNCHANGED:
-                report.add(Area.SCHEMA, Severity.WARNING if drift is Drift.SCHEMA_CHANGED else Severity.ERROR, r.op,
-                           f"schema changed since the autograd override was written ({r.source}): {op.qualified_schema}",
-                           kind=drift, old=r.schema, new=op.qualified_schema)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.WARNING if drift is Drift.SCHEMA_CHANGED else Severity.ERROR,
+                    r.op,
+                    f"schema changed since the autograd override was written ({r.source}): {op.qualified_schema}",
+                    kind=drift,
+                    old=r.schema,
+                    new=op.qualified_schema,
+                )
 
 
 KIND = AutogradOverrides()

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
-from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
 from backendgen.project import manifest
+from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -40,7 +40,9 @@ def is_custom_name(name: str, device: str) -> bool:
 
 @dataclass(frozen=True)
 class Return:
-    kind: str  # "new" (a fresh tensor or a non-tensor), "mutated" (returns a (a!) argument), "view" (aliases an argument)
+    kind: (
+        str  # "new" (a fresh tensor or a non-tensor), "mutated" (returns a (a!) argument), "view" (aliases an argument)
+    )
     arg: str | None = None  # the argument it aliases
 
 
@@ -105,14 +107,17 @@ class CustomOp:
         """Whether the Meta kernel knows the output shapes without a body: every result is a
         mutated argument or a new tensor shaped like the first tensor argument."""
         first = first_tensor(self.op)
-        return all(r.kind == "mutated" or (r.kind == "new" and first is not None) for r in self.returns) and \
-            all(k in (ReturnKind.TENSOR, ReturnKind.TENSOR_REF) for k in self.op.return_items)
+        return all(r.kind == "mutated" or (r.kind == "new" and first is not None) for r in self.returns) and all(
+            k in (ReturnKind.TENSOR, ReturnKind.TENSOR_REF) for k in self.op.return_items
+        )
 
     @property
     def notes(self) -> list[str]:
         if any(r.kind != "new" for r in self.returns):
-            return [f"{self.qualified} returns an alias of an argument: torch.compile cannot functionalize such a custom "
-                    "operator (PyTorch's limit); a mutating operator that returns nothing (-> ()) compiles"]
+            return [
+                f"{self.qualified} returns an alias of an argument: torch.compile cannot functionalize such a custom "
+                "operator (PyTorch's limit); a mutating operator that returns nothing (-> ()) compiles"
+            ]
         return []
 
     @property
@@ -147,12 +152,15 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             "(no overload name)"
         )
     if schema is None or not schema.strip():
-        raise UserError(f"{device}::{bare} is a new operator: give its schema, e.g. --schema \"(Tensor x, float alpha=1.0) -> Tensor\"")
+        raise UserError(
+            f'{device}::{bare} is a new operator: give its schema, e.g. --schema "(Tensor x, float alpha=1.0) '
+            '-> Tensor"'
+        )
     text = schema.strip()
     if text.startswith(bare + "("):
-        text = text[len(bare):]
+        text = text[len(bare) :]
     if not text.startswith("(") or any(ord(c) < 32 for c in text):
-        raise UserError(f"malformed schema {schema[:80]!r}: expected \"(ARGUMENTS) -> RETURNS\" on one line")
+        raise UserError(f'malformed schema {schema[:80]!r}: expected "(ARGUMENTS) -> RETURNS" on one line')
     try:
         func = FunctionSchema.parse(f"{bare}{text}")
     except Exception as e:  # torchgen asserts on what it rejects  # noqa: BLE001
@@ -161,7 +169,9 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
     _check_arguments(func, f"{device}::{bare}")
     for a in func.arguments.flat_all:
         if not _SUPPORTED_ARGS.match(str(a.type)):
-            raise UserError(f"{device}::{bare}: argument {a.name} of type {a.type} is not supported by the generator yet")
+            raise UserError(
+                f"{device}::{bare}: argument {a.name} of type {a.type} is not supported by the generator yet"
+            )
     for r in func.returns:
         if str(r.type) not in ("Tensor", "Tensor[]", "int", "float", "bool", "Scalar", "SymInt"):
             raise UserError(f"{device}::{bare}: return type {r.type} is not supported by the generator yet")
@@ -172,13 +182,16 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         for b in sig.arguments():
             sa = schema_args[b.name]
             ann = sa.annotation
-            args.append(Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""),
-                               is_out=sa in func.arguments.out))
+            args.append(
+                Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""), is_out=sa in func.arguments.out)
+            )
         returns_cpp = sig.returns_type().cpp_type()
         items = return_items(func.returns)
         signature = sig.defn(name="NAME")
     rets = []
-    by_alias = {str(a.annotation.alias_set[0]) if a.annotation else None: a for a in func.arguments.flat_all if a.annotation}
+    by_alias = {
+        str(a.annotation.alias_set[0]) if a.annotation else None: a for a in func.arguments.flat_all if a.annotation
+    }
     for r in func.returns:
         if r.annotation is None:
             rets.append(Return("new"))
@@ -188,17 +201,41 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             raise UserError(f"{device}::{bare}: the return's alias annotation ({r.annotation}) names no argument")
         rets.append(Return("mutated" if r.annotation.is_write else "view", arg.name))
     op = Op(
-        base=bare, root=bare, overload="", schema=str(func), kind=func.kind().name, cpp_name="NAME", ops_struct=bare,
-        signature=signature, returns_cpp=returns_cpp,
+        base=bare,
+        root=bare,
+        overload="",
+        schema=str(func),
+        kind=func.kind().name,
+        cpp_name="NAME",
+        ops_struct=bare,
+        signature=signature,
+        returns_cpp=returns_cpp,
         returns=tuple(str(r.type) + (f"({r.annotation})" if r.annotation else "") for r in func.returns),
-        return_items=items, args=tuple(args), structured=False, structured_delegate=None, dispatch_keys=(), composite_implicit=False,
-        composite_explicit=False, needs_backend_kernel=True, namespace=device,
+        return_items=items,
+        args=tuple(args),
+        structured=False,
+        structured_delegate=None,
+        dispatch_keys=(),
+        composite_implicit=False,
+        composite_explicit=False,
+        needs_backend_kernel=True,
+        namespace=device,
     )
-    custom = CustomOp(device=device, name=bare, schema=str(func), op=op, returns=tuple(rets),
-                      body=_check_body(body, bare, device), autograd=autograd, func=func)
+    custom = CustomOp(
+        device=device,
+        name=bare,
+        schema=str(func),
+        op=op,
+        returns=tuple(rets),
+        body=_check_body(body, bare, device),
+        autograd=autograd,
+        func=func,
+    )
     if any(r.kind == "view" for r in rets) and (len(rets) > 1 or rets[0].arg != args[0].name):
-        raise UserError(f"{custom.qualified}: a view must be its operator's one result, and of its first argument "
-                        "(what PyTorch's view tracking for custom operators supports)")
+        raise UserError(
+            f"{custom.qualified}: a view must be its operator's one result, and of its first argument "
+            "(what PyTorch's view tracking for custom operators supports)"
+        )
     if any(r.kind == "view" for r in rets) and any(a.is_write for a in args):
         raise UserError(f"{custom.qualified}: an operator cannot both write an argument and return a view")
     if autograd and custom.aliases:
@@ -220,9 +257,11 @@ def _check_body(body: str | None, name: str, device: str) -> str | None:
         return None
     text = body.strip()
     if not text:
-        raise UserError("--body is empty: give a C++ expression of the schema's arguments, e.g. \"x * alpha\"")
+        raise UserError('--body is empty: give a C++ expression of the schema\'s arguments, e.g. "x * alpha"')
     if any(ord(c) < 32 or c == "\x7f" for c in text) or "*/" in text or "//" in text:
-        raise UserError(f"--body of {device}::{name} must be one C++ expression on one line (no comments or control characters)")
+        raise UserError(
+            f"--body of {device}::{name} must be one C++ expression on one line (no comments or control characters)"
+        )
     depth = {"(": 0, "[": 0, "{": 0}
     closing = {")": "(", "]": "[", "}": "{"}
     for ch in text:
@@ -238,6 +277,7 @@ def _check_body(body: str | None, name: str, device: str) -> str | None:
 
 
 # --- C++ pieces -----------------------------------------------------------------------------------
+
 
 def declaration(custom: CustomOp, function: str) -> str:
     """`RET function(ARGS)` with the dispatcher's types (for the registration file)."""
@@ -283,18 +323,31 @@ def _check_default(qualified: str, name: str, type_: str, default: str) -> None:
         return
     is_list = "[" in base
     scalar = base.split("[")[0]
-    allowed = {"int": (int,), "SymInt": (int,), "float": (int, float), "Scalar": (int, float), "bool": (bool,),
-               "str": (str,)}.get(scalar)
+    allowed = {
+        "int": (int,),
+        "SymInt": (int,),
+        "float": (int, float),
+        "Scalar": (int, float),
+        "bool": (bool,),
+        "str": (str,),
+    }.get(scalar)
 
     def fits(v) -> bool:
         return allowed is not None and isinstance(v, allowed) and (scalar == "bool" or not isinstance(v, bool))
 
     ok = fits(value) or (is_list and isinstance(value, list) and all(fits(v) for v in value))
     if not ok:
-        example = {"int": "1", "SymInt": "1", "float": "1.0", "Scalar": "1", "bool": "True", "str": "'mean'"}.get(scalar)
-        hint = f" (e.g. {type_} {name}={example})" if example else (" (only None: make it optional)" if optional else
-                                                                    " (this type takes no default here)")
-        raise UserError(f"{qualified}: the default of {name} ({type_}) is {default[:40]!r}, not a value of that type{hint}")
+        example = {"int": "1", "SymInt": "1", "float": "1.0", "Scalar": "1", "bool": "True", "str": "'mean'"}.get(
+            scalar
+        )
+        hint = (
+            f" (e.g. {type_} {name}={example})"
+            if example
+            else (" (only None: make it optional)" if optional else " (this type takes no default here)")
+        )
+        raise UserError(
+            f"{qualified}: the default of {name} ({type_}) is {default[:40]!r}, not a value of that type{hint}"
+        )
 
 
 _NOT_A_LITERAL = object()
@@ -306,8 +359,10 @@ def check_python(custom: CustomOp, package: str) -> None:
         try:
             compile(text, f"<{custom.qualified} {label}>", "exec")
         except SyntaxError as e:
-            raise UserError(f"{custom.qualified}: the schema gives a Python {label} that does not parse ({e.msg}, "
-                            f"line {e.lineno}); change the argument names or defaults") from None
+            raise UserError(
+                f"{custom.qualified}: the schema gives a Python {label} that does not parse ({e.msg}, "
+                f"line {e.lineno}); change the argument names or defaults"
+            ) from None
 
 
 def _python_default(default: str | None) -> str | None:
@@ -349,8 +404,9 @@ def sample_args(custom: CustomOp) -> tuple[list[str], list[str]]:
             return _python_default(a.default)
         if t.endswith("?"):
             return "torch.randn(4, 5, dtype=dtype)" if t == "Tensor?" else "None"
-        return {"int": "2", "SymInt": "2", "float": "0.5", "bool": "False", "Scalar": "2",
-                "str": '"mean"'}.get(t, "[1]" if "[" in t else "None")
+        return {"int": "2", "SymInt": "2", "float": "0.5", "bool": "False", "Scalar": "2", "str": '"mean"'}.get(
+            t, "[1]" if "[" in t else "None"
+        )
 
     positional = [value(a) for a in func.arguments.flat_positional]
     keywords = [f"{a.name}={value(a)}" for a in list(func.arguments.flat_kwarg_only) + list(func.arguments.out)]
@@ -379,8 +435,9 @@ def saved_argument(a: Arg, qualified: str) -> tuple[str, str]:
     """The C++ statements that keep non-tensor argument `a` in the autograd context for the
     backward, and read it back there."""
     if a.cpp_type not in _SAVED:
-        raise UserError(f"{qualified}: --autograd cannot keep an argument of C++ type {a.cpp_type} ({a.name}) "
-                        "for the backward yet")
+        raise UserError(
+            f"{qualified}: --autograd cannot keep an argument of C++ type {a.cpp_type} ({a.name}) for the backward yet"
+        )
     store, load = _SAVED[a.cpp_type]
     slot = f'ctx->saved_data["{a.name}"]'
     return f"{slot} = {store.format(n=a.name)};", f"const auto {a.name} = {load.format(v=slot)};"
@@ -400,7 +457,10 @@ def _ret_expr(custom: CustomOp, items: list[str]) -> str:
 
 def _compute_lines(custom: CustomOp) -> list[str]:
     if custom.body is None:
-        return [f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified} is not defined yet: write compute() in {custom.source}");']
+        return [
+            f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified} is not defined yet: write compute() in '
+            f'{custom.source}");'
+        ]
     if custom.op.return_kind is ReturnKind.NONE:
         return [f"(void)({custom.body});"]
     if all(r.kind == "mutated" for r in custom.returns):
@@ -411,17 +471,24 @@ def _compute_lines(custom: CustomOp) -> list[str]:
 def _meta_lines(custom: CustomOp) -> tuple[list[str], bool]:
     call = ", ".join(a.name for a in custom.op.args)
     if custom.body is not None:
-        return ([f"compute({call});"] if custom.op.return_kind is ReturnKind.NONE else [f"return compute({call});"]), False
+        return (
+            [f"compute({call});"] if custom.op.return_kind is ReturnKind.NONE else [f"return compute({call});"]
+        ), False
     if custom.meta_derivable:
         first = first_tensor(custom.op)
         items = [r.arg if r.kind == "mutated" else f"at::empty_like({first.name})" for r in custom.returns]
         if not items:
             return [], False
-        comment = f"// assumed: each new result has the shape, dtype and strides of {first.name}; change if not" \
-            if any(r.kind == "new" for r in custom.returns) else "// the results are the arguments it writes"
+        comment = (
+            f"// assumed: each new result has the shape, dtype and strides of {first.name}; change if not"
+            if any(r.kind == "new" for r in custom.returns)
+            else "// the results are the arguments it writes"
+        )
         return [comment, f"return {_ret_expr(custom, items)};"], any(r.kind == "new" for r in custom.returns)
-    return [f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified}: write the output shapes in meta_kernel() in '
-            f'{custom.source}");'], False
+    return [
+        f'C10_THROW_ERROR(NotImplementedError, "{custom.qualified}: write the output shapes in meta_kernel() in '
+        f'{custom.source}");'
+    ], False
 
 
 def render_kernel(custom: CustomOp) -> str:
@@ -433,16 +500,27 @@ def render_kernel(custom: CustomOp) -> str:
         arg = views[0].arg
         body.epilogue = [line for line in body.epilogue if "result_device" not in line] + [
             # compute() ran on host aliases: its result is on the host alias's bytes, not the device address
-            f'TORCH_CHECK(result.storage().data() == kernels::host_alias({arg}).storage().data(), "{custom.qualified}: its '
+            f"TORCH_CHECK(result.storage().data() == kernels::host_alias({arg}).storage().data(), "
+            f'"{custom.qualified}: its '
             f'schema says the result is a view of {arg}, but compute() returned a new tensor");'
         ]
         body.ret = f"kernels::device_view({arg}, result)"
     meta_lines, uses_empty_like = _meta_lines(custom)
-    return jinja.environment().get_template("custom_kernel.cpp.j2").render(
-        c=custom, device=custom.device, body=body, decl=lambda fn: declaration(custom, fn),
-        compute_lines=_compute_lines(custom), meta_lines=meta_lines, meta_uses_empty_like=uses_empty_like,
-        returns_value=custom.op.return_kind is not ReturnKind.NONE, call_args=", ".join(a.name for a in custom.op.args),
-        headers=kernelgen.completing_headers(custom.op),
+    return (
+        jinja.environment()
+        .get_template("custom_kernel.cpp.j2")
+        .render(
+            c=custom,
+            device=custom.device,
+            body=body,
+            decl=lambda fn: declaration(custom, fn),
+            compute_lines=_compute_lines(custom),
+            meta_lines=meta_lines,
+            meta_uses_empty_like=uses_empty_like,
+            returns_value=custom.op.return_kind is not ReturnKind.NONE,
+            call_args=", ".join(a.name for a in custom.op.args),
+            headers=kernelgen.completing_headers(custom.op),
+        )
     )
 
 
@@ -467,27 +545,43 @@ def render_autograd(custom: CustomOp) -> str:
                 f"  wrt_index.push_back({i});",
                 "}",
             ]
-            recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
-                             if optional else a.name)
+            recompute.append(
+                f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt" if optional else a.name
+            )
         else:
             save, load = saved_argument(a, custom.qualified)
             save_data.append(save)
             load_lines.append(load)
             recompute.append(a.name)
     arg_types = [a.cpp_type for a in op.args]
-    return jinja.environment().get_template("custom_autograd.cpp.j2").render(
-        c=custom, cls=function_class(custom), decl=lambda fn: declaration(custom, fn),
-        decl_args=lambda fn, first: op.signature.replace(" NAME(", f" {fn}({first}, ", 1).replace(", )", ")"),
-        saved=saved, save_data=save_data, load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args),
-        recompute_args=", ".join(recompute), call_args=", ".join(a.name for a in op.args),
-        fn_type=f"{op.returns_cpp}({', '.join(arg_types)})", headers=kernelgen.completing_headers(op),
+    return (
+        jinja.environment()
+        .get_template("custom_autograd.cpp.j2")
+        .render(
+            c=custom,
+            cls=function_class(custom),
+            decl=lambda fn: declaration(custom, fn),
+            decl_args=lambda fn, first: op.signature.replace(" NAME(", f" {fn}({first}, ", 1).replace(", )", ")"),
+            saved=saved,
+            save_data=save_data,
+            load_lines=load_lines,
+            leaf_lines=leaf_lines,
+            nargs=len(op.args),
+            recompute_args=", ".join(recompute),
+            call_args=", ".join(a.name for a in op.args),
+            fn_type=f"{op.returns_cpp}({', '.join(arg_types)})",
+            headers=kernelgen.completing_headers(op),
+        )
     )
 
 
 def render_wrapper(custom: CustomOp, package: str) -> str:
     params, call = python_params(custom)
-    return jinja.environment().get_template("custom_wrapper.py.j2").render(c=custom, device=custom.device, package=package,
-                                                              params=params, call=call)
+    return (
+        jinja.environment()
+        .get_template("custom_wrapper.py.j2")
+        .render(c=custom, device=custom.device, package=package, params=params, call=call)
+    )
 
 
 def render_test(custom: CustomOp, package: str) -> str:
@@ -496,7 +590,19 @@ def render_test(custom: CustomOp, package: str) -> str:
     kwargs = "{" + ", ".join(f'"{k.split("=", 1)[0]}": {k.split("=", 1)[1]}' for k in keywords) + "}"
     mutated = [a.name for a in custom.op.args if a.is_write]
     view_of = next((r.arg for r in custom.returns if r.kind == "view"), None)
-    return jinja.environment().get_template("test_custom_op.py.j2").render(
-        c=custom, device=custom.device, package=package, sample_args=args, sample_kwargs=kwargs,
-        mutated=mutated, view_of=view_of, mutated_py=repr(mutated), view_of_py=repr(view_of), cls=function_class(custom),
+    return (
+        jinja.environment()
+        .get_template("test_custom_op.py.j2")
+        .render(
+            c=custom,
+            device=custom.device,
+            package=package,
+            sample_args=args,
+            sample_kwargs=kwargs,
+            mutated=mutated,
+            view_of=view_of,
+            mutated_py=repr(mutated),
+            view_of_py=repr(view_of),
+            cls=function_class(custom),
+        )
     )

@@ -55,8 +55,9 @@ def _common_device(features: frozenset[str] | None) -> bool:
 
 def _needs_common_device(op: Op) -> UserError:
     since = manifest.load().feature("common_device").since
-    return UserError(f"{op.qualified} returns a view of its input; view kernels need template {since} or later "
-                     "(backendgen update)")
+    return UserError(
+        f"{op.qualified} returns a view of its input; view kernels need template {since} or later (backendgen update)"
+    )
 
 
 def plan_kernel(db: OpDB, requested: Op, *, features: frozenset[str] | None = None) -> KernelPlan:
@@ -84,12 +85,21 @@ def plan_kernel(db: OpDB, requested: Op, *, features: frozenset[str] | None = No
         view_base(target)  # refuses what a view kernel cannot serve, with the reason
     covers = [target.qualified] + [o.qualified for o in db.delegating_to(target)]
     if target.composite_explicit:
-        notes.append(f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device")
+        notes.append(
+            f"{target.qualified} has a CompositeExplicitAutograd kernel; the native kernel replaces it on the device"
+        )
     elif not target.needs_backend_kernel and not target.structured:
         notes.append(f"{target.qualified} has a default kernel; the native kernel replaces it on the device")
     functional = None if not _common_device(features) or view else _functional(db, target)
-    return KernelPlan(requested=requested, target=target, covers=covers, notes=notes, functional=functional,
-                      features=features, view=view)
+    return KernelPlan(
+        requested=requested,
+        target=target,
+        covers=covers,
+        notes=notes,
+        functional=functional,
+        features=features,
+        view=view,
+    )
 
 
 # --- view operators ------------------------------------------------------------------------------
@@ -113,20 +123,30 @@ def view_base(op: Op):
     """The argument (opdb.Arg) whose device memory `op`'s result views, after checking that a view
     kernel can serve `op`; a UserError with the reason otherwise."""
     if op.return_kind not in (ReturnKind.TENSOR, ReturnKind.TENSOR_LIST):
-        raise UserError(f"{op.qualified} returns {op.returns_cpp} with views in it; backendgen writes view kernels "
-                        "for operators returning one view (Tensor(a)) or a list of views (Tensor(a)[]) only")
+        raise UserError(
+            f"{op.qualified} returns {op.returns_cpp} with views in it; backendgen writes view kernels "
+            "for operators returning one view (Tensor(a)) or a list of views (Tensor(a)[]) only"
+        )
     if not {"CPU", "CompositeExplicitAutograd"} & set(op.dispatch_keys):
-        raise UserError(f"{op.qualified} returns a view but has no CPU kernel to compute its geometry from "
-                        f"(kernels for: {', '.join(op.dispatch_keys) or 'none'}); backendgen cannot write its view kernel")
+        raise UserError(
+            f"{op.qualified} returns a view but has no CPU kernel to compute its geometry from "
+            f"(kernels for: {', '.join(op.dispatch_keys) or 'none'}); backendgen cannot write its view kernel"
+        )
     if "nested" in op.base:
-        raise UserError(f"{op.qualified} returns a nested tensor view; backendgen writes view kernels for strided tensors only")
+        raise UserError(
+            f"{op.qualified} returns a nested tensor view; backendgen writes view kernels for strided tensors only"
+        )
     arg = _aliased_argument(op)
     if arg is None or arg.kind is not ArgKind.TENSOR:
-        raise UserError(f"{op.qualified}: its result aliases no single Tensor argument; backendgen cannot write its view kernel")
+        raise UserError(
+            f"{op.qualified}: its result aliases no single Tensor argument; backendgen cannot write its view kernel"
+        )
     return arg
 
 
-def view_ops_needing_kernels(db: OpDB, registered: set[str] | list[str] | tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+def view_ops_needing_kernels(
+    db: OpDB, registered: set[str] | list[str] | tuple[str, ...]
+) -> tuple[list[str], dict[str, str]]:
     """The view operators of the installed torch that would reach a fresh project's CPU fallback,
     derived from the operator database (what `backendgen new` gives view kernels beside the
     template's `default_ops`): (the names view kernels serve, {name: why no view kernel can}).
@@ -175,6 +195,7 @@ def _functional(db: OpDB, target: Op) -> Op | None:
 
 # --- the kernel body ---------------------------------------------------------------------------
 
+
 @dataclass
 class Body:
     setup: list[str]  # device guard (and what it needs)
@@ -215,7 +236,10 @@ def device_setup(op: Op, *, features: frozenset[str] | None = None, stream_scope
         if first.kind is ArgKind.TENSOR_LIST:
             name = f"{first.name}_first"
             lines.append(f"at::Tensor {name} = {first.name}.size() ? *{first.name}.begin() : at::Tensor();")
-        return lines + [f"const c10::Device run_on = {K}::device_of({name});", "c10::OptionalDeviceGuard guard(run_on);"]
+        return lines + [
+            f"const c10::Device run_on = {K}::device_of({name});",
+            "c10::OptionalDeviceGuard guard(run_on);",
+        ]
     check = f'{K}::common_device("{op.qualified}", {K}::CpuArgs::{cpu_args(op)}, {", ".join(tensors)})'
     lines = [f"const c10::Device run_on = {check};", "c10::DeviceGuard guard(run_on);"]
     return lines + [stream_scope_line(op)] if stream_scope else lines
@@ -244,7 +268,9 @@ def view_body(op: Op) -> Body:
             prelude.append(f"auto {n}_h = {K}::host_alias({n});")
             call_args.append(f"{n}_h")
         elif a.kind is not ArgKind.VALUE:  # devices, and tensors in other forms
-            raise UserError(f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported in a view kernel yet")
+            raise UserError(
+                f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported in a view kernel yet"
+            )
         else:
             call_args.append(n)
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
@@ -254,14 +280,18 @@ def view_body(op: Op) -> Body:
         setup,
         prelude,
         f"::std::vector<at::Tensor> views = {call};",
-        ["::std::vector<at::Tensor> result;", "result.reserve(views.size());",
-         f"for (const at::Tensor& v : views) result.push_back({K}::device_view({base}, v));"],
+        [
+            "::std::vector<at::Tensor> result;",
+            "result.reserve(views.size());",
+            f"for (const at::Tensor& v : views) result.push_back({K}::device_view({base}, v));",
+        ],
         "result",
     )
 
 
-def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str | None = None,
-                stream_scope: bool = True) -> Body:
+def kernel_body(
+    op: Op, *, features: frozenset[str] | None = None, callee: str | None = None, stream_scope: bool = True
+) -> Body:
     """C++ statements that run `op` on host aliases of the device memory (`features`: see device_setup).
     `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher).
     A view operator gets `view_body`. `stream_scope`: see device_setup (a queued kernel's body, the
@@ -297,7 +327,9 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
             device_expr = n
             call_args.append("at::Device(at::kCPU)")
         elif k is ArgKind.OTHER_TENSOR:
-            raise UserError(f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported by the generator yet")
+            raise UserError(
+                f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported by the generator yet"
+            )
         else:
             call_args.append(n)
     if device_expr is None:
@@ -312,7 +344,13 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
     if kind is ReturnKind.TUPLE_OF_REFS:
         return Body(setup, prelude, call + ";", epilogue, f"::std::forward_as_tuple({', '.join(writes)})")
     if kind is ReturnKind.TENSOR:
-        return Body(setup, prelude, f"at::Tensor result = {call};", epilogue + [to_dev], f"{K}::to_device(result, result_device)")
+        return Body(
+            setup,
+            prelude,
+            f"at::Tensor result = {call};",
+            epilogue + [to_dev],
+            f"{K}::to_device(result, result_device)",
+        )
     if kind is ReturnKind.TENSOR_LIST:
         return Body(
             setup,
@@ -325,7 +363,8 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
         if any(k not in (ReturnKind.TENSOR, ReturnKind.VALUE) for k in op.return_items):
             raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
         items = [
-            f"{K}::to_device(::std::get<{i}>(result), result_device)" if k is ReturnKind.TENSOR
+            f"{K}::to_device(::std::get<{i}>(result), result_device)"
+            if k is ReturnKind.TENSOR
             else f"::std::get<{i}>(result)"
             for i, k in enumerate(op.return_items)
         ]
@@ -342,10 +381,22 @@ def kernel_body(op: Op, *, features: frozenset[str] | None = None, callee: str |
 # equal), metadata changed in place (t_, squeeze_), random numbers drawn from a generator the host
 # reads (bernoulli_, dropout: the generator's state must advance in host order).
 _HOST_WAITS_TAGS = {"dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded"}
-_QUEUED_RETURNS = {ReturnKind.NONE, ReturnKind.TENSOR_REF, ReturnKind.TUPLE_OF_REFS, ReturnKind.TENSOR,
-                   ReturnKind.TENSOR_LIST, ReturnKind.TUPLE_OF_TENSORS}
-_QUEUED_ARGS = {ArgKind.TENSOR, ArgKind.MUTABLE_TENSOR, ArgKind.OPTIONAL_TENSOR, ArgKind.TENSOR_LIST,
-                ArgKind.OPTIONAL_TENSOR_LIST, ArgKind.VALUE}
+_QUEUED_RETURNS = {
+    ReturnKind.NONE,
+    ReturnKind.TENSOR_REF,
+    ReturnKind.TUPLE_OF_REFS,
+    ReturnKind.TENSOR,
+    ReturnKind.TENSOR_LIST,
+    ReturnKind.TUPLE_OF_TENSORS,
+}
+_QUEUED_ARGS = {
+    ArgKind.TENSOR,
+    ArgKind.MUTABLE_TENSOR,
+    ArgKind.OPTIONAL_TENSOR,
+    ArgKind.TENSOR_LIST,
+    ArgKind.OPTIONAL_TENSOR_LIST,
+    ArgKind.VALUE,
+}
 # What a queued kernel's closure keeps of a tensor argument (kernels::held's result type).
 _HELD_TYPE = {
     ArgKind.TENSOR: "at::Tensor",
@@ -437,27 +488,48 @@ def queued_body(op: Op) -> QueuedBody:
     condition = " && ".join(f"{K}::same_geometry({n}, {n}_m)" for n in writes)
     kind = op.return_kind
     if kind in (ReturnKind.NONE, ReturnKind.TENSOR_REF, ReturnKind.TUPLE_OF_REFS):
-        ret = (None if kind is ReturnKind.NONE else writes[0] if kind is ReturnKind.TENSOR_REF
-               else f"::std::forward_as_tuple({', '.join(writes)})")
+        ret = (
+            None
+            if kind is ReturnKind.NONE
+            else writes[0]
+            if kind is ReturnKind.TENSOR_REF
+            else f"::std::forward_as_tuple({', '.join(writes)})"
+        )
         return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret, condition)
     if kind is ReturnKind.TENSOR:
-        return QueuedBody(meta_decls + ["at::Tensor result_m;"], f"result_m = {meta_call}",
-                          on_host + [f"at::Tensor result = {K}::empty_like_meta(result_m, run_on);"],
-                          captures + [f"result_h = {K}::held(result)"],
-                          [f"{K}::copy_result(result_h.get(), {call});"], "result")
+        return QueuedBody(
+            meta_decls + ["at::Tensor result_m;"],
+            f"result_m = {meta_call}",
+            on_host + [f"at::Tensor result = {K}::empty_like_meta(result_m, run_on);"],
+            captures + [f"result_h = {K}::held(result)"],
+            [f"{K}::copy_result(result_h.get(), {call});"],
+            "result",
+        )
     if kind is ReturnKind.TENSOR_LIST:
-        return QueuedBody(meta_decls + ["::std::vector<at::Tensor> result_m;"], f"result_m = {meta_call}",
-                          on_host + [f"::std::vector<at::Tensor> result = {K}::empty_like_meta(result_m, run_on);"],
-                          captures + [f"result_h = {K}::held(at::TensorList(result))"],
-                          [f"{K}::copy_result(result_h.get(), {call});"], "result")
+        return QueuedBody(
+            meta_decls + ["::std::vector<at::Tensor> result_m;"],
+            f"result_m = {meta_call}",
+            on_host + [f"::std::vector<at::Tensor> result = {K}::empty_like_meta(result_m, run_on);"],
+            captures + [f"result_h = {K}::held(at::TensorList(result))"],
+            [f"{K}::copy_result(result_h.get(), {call});"],
+            "result",
+        )
     n = len(op.return_items)  # a tuple of tensors (queued() admits no other)
-    on_host = on_host + [f"at::Tensor result{i} = {K}::empty_like_meta(::std::get<{i}>(result_m), run_on);"
-                         for i in range(n)]
+    on_host = on_host + [
+        f"at::Tensor result{i} = {K}::empty_like_meta(::std::get<{i}>(result_m), run_on);" for i in range(n)
+    ]
     captures = captures + [f"result{i}_h = {K}::held(result{i})" for i in range(n)]
-    work = [f"auto result = {call};"] + [f"{K}::copy_result(result{i}_h.get(), ::std::get<{i}>(result));"
-                                        for i in range(n)]
-    return QueuedBody(meta_decls + [f"{op.returns_cpp} result_m;"], f"result_m = {meta_call}", on_host, captures,
-                      work, f"{op.returns_cpp}({', '.join(f'result{i}' for i in range(n))})")
+    work = [f"auto result = {call};"] + [
+        f"{K}::copy_result(result{i}_h.get(), ::std::get<{i}>(result));" for i in range(n)
+    ]
+    return QueuedBody(
+        meta_decls + [f"{op.returns_cpp} result_m;"],
+        f"result_m = {meta_call}",
+        on_host,
+        captures,
+        work,
+        f"{op.returns_cpp}({', '.join(f'result{i}' for i in range(n))})",
+    )
 
 
 def _queued_functional(f: Op, out: Op) -> QueuedBody:
@@ -474,8 +546,14 @@ def _queued_functional(f: Op, out: Op) -> QueuedBody:
     on_host = [f"meta.meta({', '.join(f.meta_args or ())});"]
     results = [f"meta.outputs[{i}]" for i in range(outputs)]
     ret = results[0] if outputs == 1 else f"{f.returns_cpp}({', '.join(results)})"
-    return QueuedBody([], "", on_host, captures + [f"result{i}_h = {K}::held(meta.outputs[{i}])"
-                                                   for i in range(outputs)], [call + ";"], ret)
+    return QueuedBody(
+        [],
+        "",
+        on_host,
+        captures + [f"result{i}_h = {K}::held(meta.outputs[{i}])" for i in range(outputs)],
+        [call + ";"],
+        ret,
+    )
 
 
 @dataclass
@@ -508,13 +586,28 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
     host_args = [f"{K}::host_alias({a.name})" if a.kind.host_aliased else a.name for a in f.args]
     host_fn = f"{f.cpp_name}_on_host"
     meta_args = list(f.meta_args or ())
-    if (_queued_kernels(plan.features) and not (_HOST_WAITS_TAGS & set(f.tags)) and f.meta_class
-            and f.meta_args is not None and queued(plan.target, features=plan.features)):
+    if (
+        _queued_kernels(plan.features)
+        and not (_HOST_WAITS_TAGS & set(f.tags))
+        and f.meta_class
+        and f.meta_args is not None
+        and queued(plan.target, features=plan.features)
+    ):
         return FunctionalBody(
-            cls=f"{f.cpp_name}_meta", base=f.meta_class, tensor_iterator=plan.target.tensor_iterator,
-            outputs=outputs, host_signature="", host_fn="", meta_args=meta_args, impl_args=[],
-            setup=device_setup(f, stream_scope=False), host_call_args=[], ret="", queued=True,
-            launch=_queued_functional(f, plan.target))
+            cls=f"{f.cpp_name}_meta",
+            base=f.meta_class,
+            tensor_iterator=plan.target.tensor_iterator,
+            outputs=outputs,
+            host_signature="",
+            host_fn="",
+            meta_args=meta_args,
+            impl_args=[],
+            setup=device_setup(f, stream_scope=False),
+            host_call_args=[],
+            ret="",
+            queued=True,
+            launch=_queued_functional(f, plan.target),
+        )
     return FunctionalBody(
         cls=f"{f.cpp_name}_kernel",
         base=plan.target.cpu_structured_class or "",
@@ -532,6 +625,7 @@ def functional_body(plan: KernelPlan) -> FunctionalBody | None:
 
 # --- rendering -----------------------------------------------------------------------------------
 
+
 def _ident(s: str) -> str:
     return re.sub(r"\W", "_", s)
 
@@ -546,8 +640,9 @@ def completing_headers(op: Op) -> list[str]:
     return [header for marker, header in _COMPLETING_HEADERS.items() if marker in op.signature]
 
 
-def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_version: str,
-                  ops_dir: Path | None = None) -> str:
+def render_kernel(
+    plan: KernelPlan, *, device: str, source_path: str, torch_version: str, ops_dir: Path | None = None
+) -> str:
     op = plan.target
     launch = queued_body(op) if queued(op, features=plan.features) else None
     body = kernel_body(op, features=plan.features, stream_scope=launch is None)
@@ -557,19 +652,23 @@ def render_kernel(plan: KernelPlan, *, device: str, source_path: str, torch_vers
         headers.append(f"ATen/ops/{op.root}_meta_dispatch.h")
     if functional is not None and functional.queued:
         headers.append(f"ATen/ops/{plan.functional.root}_meta.h")
-    return jinja.environment(ops_dir).get_template("kernel.cpp.j2").render(
-        queued=launch,
-        stream_scope=stream_scope_line(op),
-        device=device,
-        torch_version=torch_version,
-        op=op,
-        plan=plan,
-        body=body,
-        view_base=view_base(op).name if plan.view else None,
-        headers=headers,
-        functional=functional,
-        namespace=_kernel_namespace(op),
-        source_path=source_path,
+    return (
+        jinja.environment(ops_dir)
+        .get_template("kernel.cpp.j2")
+        .render(
+            queued=launch,
+            stream_scope=stream_scope_line(op),
+            device=device,
+            torch_version=torch_version,
+            op=op,
+            plan=plan,
+            body=body,
+            view_base=view_base(op).name if plan.view else None,
+            headers=headers,
+            functional=functional,
+            namespace=_kernel_namespace(op),
+            source_path=source_path,
+        )
     )
 
 
@@ -598,7 +697,7 @@ def opinfo_hints(op: Op) -> list[str]:
     stripped = base.lstrip("_")
     for prefix in ("native_", "_native_"):
         if stripped.startswith(prefix):
-            stripped = stripped[len(prefix):]
+            stripped = stripped[len(prefix) :]
     for suffix in ("_backward_data", "_backward", "_forward"):  # _log_softmax_backward_data: log_softmax
         if stripped.endswith(suffix):
             stripped = stripped[: -len(suffix)]
@@ -613,16 +712,24 @@ def opinfo_hints(op: Op) -> list[str]:
 
 def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Path | None = None) -> str:
     op = plan.target
-    return jinja.environment(ops_dir).get_template("test_op.py.j2").render(
-        device=device,
-        op=op,
-        plan=plan,
-        source_path=source_path,
-        hints=opinfo_hints(op),
-        backward="backward" in op.base,
-        view_base=view_base(op).name if plan.view else None,
+    return (
+        jinja.environment(ops_dir)
+        .get_template("test_op.py.j2")
+        .render(
+            device=device,
+            op=op,
+            plan=plan,
+            source_path=source_path,
+            hints=opinfo_hints(op),
+            backward="backward" in op.base,
+            view_base=view_base(op).name if plan.view else None,
+        )
     )
 
 
 def render_harness(*, device: str, registration_file: str, ops_dir: Path | None = None) -> str:
-    return jinja.environment(ops_dir).get_template("harness.py.j2").render(device=device, registration_file=registration_file)
+    return (
+        jinja.environment(ops_dir)
+        .get_template("harness.py.j2")
+        .render(device=device, registration_file=registration_file)
+    )

@@ -69,7 +69,9 @@ class UpdateStep(Protocol):
     def read(self, rel: str) -> str | bytes | None:
         """The file as planned so far (None: absent)."""
 
-    def merge(self, rel: str, base: str | bytes | None, theirs: str | bytes | None, *, regenerated: bool = False) -> None:
+    def merge(
+        self, rel: str, base: str | bytes | None, theirs: str | bytes | None, *, regenerated: bool = False
+    ) -> None:
         """Plan `rel` as `base` -> `theirs` merged into the project's file."""
 
     def add(self, rel: str, text: str, why: str = "") -> None:

@@ -17,10 +17,11 @@ from backendgen.kinds.customop import kind_path, saved_argument
 from backendgen.plumbing.errors import UserError
 from backendgen.torchdb.opdb import ArgKind, Op
 
-
-NOTE = ("the override's default backward computes PyTorch's formula in host memory: eager mode only; "
-        "torch.compile of a graph that differentiates {op} on the device raises until the backward in {source} "
-        "is written with ATen operators")
+NOTE = (
+    "the override's default backward computes PyTorch's formula in host memory: eager mode only; "
+    "torch.compile of a graph that differentiates {op} on the device raises until the backward in {source} "
+    "is written with ATen operators"
+)
 
 
 @dataclass(frozen=True)
@@ -60,11 +61,15 @@ class Override:
 def plan(op: Op, device: str) -> Override:
     """Refuse what an override cannot serve, with the reason."""
     if op.kind != "functional" or any(a.is_write for a in op.args):
-        raise UserError(f"{op.qualified} writes its arguments: --autograd overrides the derivative of functional "
-                        "operators only (override the functional overload instead)")
+        raise UserError(
+            f"{op.qualified} writes its arguments: --autograd overrides the derivative of functional "
+            "operators only (override the functional overload instead)"
+        )
     if op.returns != ("Tensor",):
-        raise UserError(f"{op.qualified} returns {', '.join(op.returns) or 'nothing'}: --autograd overrides "
-                        "operators that return one new Tensor")
+        raise UserError(
+            f"{op.qualified} returns {', '.join(op.returns) or 'nothing'}: --autograd overrides "
+            "operators that return one new Tensor"
+        )
     for a in op.args:
         if not a.kind.host_aliased:
             saved_argument(a, op.qualified)  # refuses a type it cannot keep
@@ -85,7 +90,8 @@ def render(ov: Override, *, torch_version: str) -> str:
             saved.append(f"{a.name}.value_or(at::Tensor())" if optional else a.name)
             wants = f"ctx->needs_input_grad({i}) && saved[{idx}].defined() && saved[{idx}].is_floating_point()"
             leaf_lines += [
-                f"at::Tensor {a.name} = saved[{idx}].defined() ? kernels::host_alias(saved[{idx}]).detach() : at::Tensor();",
+                f"at::Tensor {a.name} = saved[{idx}].defined() ? kernels::host_alias(saved[{idx}]).detach() : "
+                "at::Tensor();",
                 f"if ({wants}) {{",
                 f"  {a.name}.requires_grad_(true);",
                 f"  wrt.push_back({a.name});",
@@ -93,25 +99,50 @@ def render(ov: Override, *, torch_version: str) -> str:
                 f"  saved_index.push_back({idx});",
                 "}",
             ]
-            recompute.append(f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt"
-                             if optional else a.name)
+            recompute.append(
+                f"{a.name}.defined() ? ::std::optional<at::Tensor>({a.name}) : ::std::nullopt" if optional else a.name
+            )
         else:
             save, load = customop.saved_argument(a, op.qualified)
             save_data.append(save)
             load_lines.append(load)
             recompute.append(a.name)
     forward_decl = op.signature.replace(f" {op.cpp_name}(", " forward(torch::autograd::AutogradContext* ctx, ", 1)
-    return jinja.environment().get_template("autograd_override.cpp.j2").render(
-        op=op, device=ov.device, torch_version=torch_version, namespace=ov.namespace, cls=ov.cls, source=ov.source,
-        forward_decl=forward_decl, kernel_decl=ov.declaration, saved=saved, save_data=save_data,
-        load_lines=load_lines, leaf_lines=leaf_lines, nargs=len(op.args), recompute_args=", ".join(recompute),
-        call_args=", ".join(a.name for a in op.args), headers=kernelgen.completing_headers(op),
+    return (
+        jinja.environment()
+        .get_template("autograd_override.cpp.j2")
+        .render(
+            op=op,
+            device=ov.device,
+            torch_version=torch_version,
+            namespace=ov.namespace,
+            cls=ov.cls,
+            source=ov.source,
+            forward_decl=forward_decl,
+            kernel_decl=ov.declaration,
+            saved=saved,
+            save_data=save_data,
+            load_lines=load_lines,
+            leaf_lines=leaf_lines,
+            nargs=len(op.args),
+            recompute_args=", ".join(recompute),
+            call_args=", ".join(a.name for a in op.args),
+            headers=kernelgen.completing_headers(op),
+        )
     )
 
 
 def render_test(ov: Override) -> str:
     from backendgen.kinds import kernelgen
 
-    return jinja.environment().get_template("test_autograd_override.py.j2").render(
-        op=ov.op, device=ov.device, cls=ov.cls, source=ov.source, hints=kernelgen.opinfo_hints(ov.op),
+    return (
+        jinja.environment()
+        .get_template("test_autograd_override.py.j2")
+        .render(
+            op=ov.op,
+            device=ov.device,
+            cls=ov.cls,
+            source=ov.source,
+            hints=kernelgen.opinfo_hints(ov.op),
+        )
     )

@@ -40,8 +40,9 @@ class OwnOperators:
 
     def check_request(self, names: list[str], project: Project, request: Request) -> None:
         if (request.schema is not None or request.body is not None) and len(names) != 1:
-            raise UserError(f"--schema and --body define one operator of this backend: name exactly one "
-                            f"{project.device}::NAME")
+            raise UserError(
+                f"--schema and --body define one operator of this backend: name exactly one {project.device}::NAME"
+            )
         if names:
             needs_feature(project)
 
@@ -55,16 +56,19 @@ class OwnOperators:
             c = customop.parse(device, n, schema, body=request.body, autograd=request.autograd)
             if rec is not None:
                 if rec.schema != c.schema:
-                    raise ProjectError(f"{c.qualified} is already defined as {rec.schema}; remove it before "
-                                       "defining it again")
+                    raise ProjectError(
+                        f"{c.qualified} is already defined as {rec.schema}; remove it before defining it again"
+                    )
                 planned.unchanged.append(c.qualified)
                 continue
             if c.qualified in {x.qualified for x in planned.items}:
                 continue
             for rel in c.files(project.package):
                 if (project.root / rel).exists():
-                    raise ProjectError(f"{rel} exists but backendgen.json does not record it; move it away before "
-                                       f"defining {c.qualified}")
+                    raise ProjectError(
+                        f"{rel} exists but backendgen.json does not record it; move it away before "
+                        f"defining {c.qualified}"
+                    )
             customop.check_python(c, project.package)
             planned.items.append(c)
             planned.notes += c.notes
@@ -81,9 +85,11 @@ class OwnOperators:
 
     def write(self, item: customop.CustomOp, project: Project, db: OpDB, tx: Transaction) -> str:
         c, root = item, project.root
-        files = {c.source: customop.render_kernel(c),
-                 c.python_module(project.package): customop.render_wrapper(c, project.package),
-                 c.test: customop.render_test(c, project.package)}
+        files = {
+            c.source: customop.render_kernel(c),
+            c.python_module(project.package): customop.render_wrapper(c, project.package),
+            c.test: customop.render_test(c, project.package),
+        }
         if c.autograd:
             files[c.autograd_source] = customop.render_autograd(c)
         for rel, text in files.items():
@@ -106,8 +112,9 @@ class OwnOperators:
     def removals(self, name: str, project: Project, request: Request) -> list[Removal]:
         qualified = name.strip()
         rec = next((r for r in project.custom_ops if r.op == qualified), None)
-        return kind.whole_record_removal(self, project, rec, have="defined",
-                                         missing=f"{qualified[:80]!r} is not an operator of this backend")
+        return kind.whole_record_removal(
+            self, project, rec, have="defined", missing=f"{qualified[:80]!r} is not an operator of this backend"
+        )
 
     def unrecord(self, project: Project, rec: OwnOpRecord) -> None:
         project.drop(self.section, rec.op)
@@ -135,21 +142,36 @@ class OwnOperators:
             try:
                 c = customop.parse(project.device, r.op, r.schema, body=r.body, autograd=bool(r.autograd))
             except UserError as e:
-                report.add(Area.SCHEMA, Severity.ERROR, r.op,
-                           f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
-                           kind=Kind.CUSTOM_SCHEMA)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.ERROR,
+                    r.op,
+                    f"its schema no longer parses with torch {db.torch_version}'s torchgen: {e}",
+                    kind=Kind.CUSTOM_SCHEMA,
+                )
                 continue
             now = signature(c)
             if signature_types(now) != signature_types(r.signature):
-                report.add(Area.SCHEMA, Severity.ERROR, r.op,
-                           f"torch {db.torch_version} types its schema differently: {r.signature}  ->  {now}; "
-                           f"edit the kernels in {r.source} to the new types", kind=Drift.SIGNATURE_CHANGED,
-                           old_signature=r.signature, new_signature=now, source=r.source)
+                report.add(
+                    Area.SCHEMA,
+                    Severity.ERROR,
+                    r.op,
+                    f"torch {db.torch_version} types its schema differently: {r.signature}  ->  {now}; "
+                    f"edit the kernels in {r.source} to the new types",
+                    kind=Drift.SIGNATURE_CHANGED,
+                    old_signature=r.signature,
+                    new_signature=now,
+                    source=r.source,
+                )
         keyed = kind.keyed(probed)
         ops = project.custom_ops
         if keyed is not None and ops and all(all(keyed.get(r.op, {}).values()) for r in ops):
-            report.add(Area.EXTENSION, Severity.OK, f"{project.device}::*",
-                       f"{len(ops)} operator{'s' if len(ops) != 1 else ''} of the backend registered with all their kernels")
+            report.add(
+                Area.EXTENSION,
+                Severity.OK,
+                f"{project.device}::*",
+                f"{len(ops)} operator{'s' if len(ops) != 1 else ''} of the backend registered with all their kernels",
+            )
 
 
 KIND = OwnOperators()
@@ -162,9 +184,18 @@ def signature(c: customop.CustomOp) -> str:
 
 def record(project: Project, c: customop.CustomOp, *, source_sha256: str) -> OwnOpRecord:
     """The record of the backend's own operator `c` as written."""
-    return OwnOpRecord(op=c.qualified, schema=c.schema, body=c.body or None, autograd=c.autograd, signature=signature(c),
-                       source=c.source, autograd_source=c.autograd_source if c.autograd else None,
-                       python=c.python_module(project.package), test=c.test, source_sha256=source_sha256)
+    return OwnOpRecord(
+        op=c.qualified,
+        schema=c.schema,
+        body=c.body or None,
+        autograd=c.autograd,
+        signature=signature(c),
+        source=c.source,
+        autograd_source=c.autograd_source if c.autograd else None,
+        python=c.python_module(project.package),
+        test=c.test,
+        source_sha256=source_sha256,
+    )
 
 
 def recorded(project: Project) -> list[customop.CustomOp]:

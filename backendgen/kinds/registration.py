@@ -10,19 +10,25 @@ hand, which it refuses to touch. A deleted file is simply written again.
 
 from __future__ import annotations
 
-from backendgen.project import amp
-from backendgen.kinds import customop
+from backendgen.kinds import customop, jinja
 from backendgen.plumbing.errors import ProjectError
-from backendgen.kinds import jinja
 from backendgen.plumbing.files import sha256_text
-from backendgen.torchdb.opdb import OpDB
+from backendgen.project import amp
 from backendgen.project.on_disk import Project, Transaction
+from backendgen.torchdb.opdb import OpDB
 
 _SEAL = "// backendgen sha256: "
 
 
-def render(entries: list[dict] = (), *, device: str, fallbacks: list[str] = (), custom=(), overrides=(),
-           amp: list[tuple[str, str]] = ()) -> str:
+def render(
+    entries: list[dict] = (),
+    *,
+    device: str,
+    fallbacks: list[str] = (),
+    custom=(),
+    overrides=(),
+    amp: list[tuple[str, str]] = (),
+) -> str:
     """The file's text: one m.impl per generated kernel (`entries`: kernelgen.registration_entry), sorted
     by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
     backend's own operators (`custom`: customop.CustomOp), autograd overrides (`overrides`:
@@ -30,19 +36,37 @@ def render(entries: list[dict] = (), *, device: str, fallbacks: list[str] = (), 
     entries = sorted(entries, key=lambda e: e["name"])
     custom = sorted(custom, key=lambda c: c.name)
     custom_view = [
-        {"namespace": c.cpp_namespace, "source": c.source, "schema": c.schema,
-         "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()]}
+        {
+            "namespace": c.cpp_namespace,
+            "source": c.source,
+            "schema": c.schema,
+            "decls": [customop.declaration(c, fn) for fn in c.kernel_names.values()],
+        }
         for c in custom
     ]
-    impls = [(key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
-             for key in ("PrivateUse1", "CPU", "Meta", "Autograd")]
-    overrides_view = [{"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
-                      for o in sorted(overrides, key=lambda o: o.op.name)]
-    text = jinja.environment().get_template("registration.cpp.j2").render(
-        device=device, entries=entries, fallbacks=sorted(fallbacks), custom=custom_view,
-        custom_impls=[(k, v) for k, v in impls if v], inplace_or_view=[c.name for c in custom if c.aliases],
-        mutating=[c.name for c in custom if c.mutates], views=[c.name for c in custom if c.aliases and not c.mutates],
-        overrides=overrides_view, amp=list(amp),
+    impls = [
+        (key, [(c.name, f"{c.cpp_namespace}::{c.kernel_names[key]}") for c in custom if key in c.kernel_names])
+        for key in ("PrivateUse1", "CPU", "Meta", "Autograd")
+    ]
+    overrides_view = [
+        {"name": o.op.name, "namespace": o.namespace, "source": o.source, "decl": o.declaration}
+        for o in sorted(overrides, key=lambda o: o.op.name)
+    ]
+    text = (
+        jinja.environment()
+        .get_template("registration.cpp.j2")
+        .render(
+            device=device,
+            entries=entries,
+            fallbacks=sorted(fallbacks),
+            custom=custom_view,
+            custom_impls=[(k, v) for k, v in impls if v],
+            inplace_or_view=[c.name for c in custom if c.aliases],
+            mutating=[c.name for c in custom if c.mutates],
+            views=[c.name for c in custom if c.aliases and not c.mutates],
+            overrides=overrides_view,
+            amp=list(amp),
+        )
     )
     return f"{text}{_SEAL}{sha256_text(text)}\n"
 
@@ -59,9 +83,12 @@ def fallback_registrations(db: OpDB, is_native) -> list[str]:
       addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
       numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
       last-bit difference in the mean)."""
-    structured = [name for out, names in db.structured_families().items() if not is_native(f"aten::{out}")
-                  for name in names]
-    composite = [name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")]
+    structured = [
+        name for out, names in db.structured_families().items() if not is_native(f"aten::{out}") for name in names
+    ]
+    composite = [
+        name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")
+    ]
     return sorted(set(structured + composite))
 
 

@@ -84,7 +84,9 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     return proc
 
 
-def run(cmd: list[str], *, timeout: float | None = None, phase: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], *, timeout: float | None = None, phase: str | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     """`subprocess.run` whose child (and its children) are stopped if this process is interrupted
     or the call fails; `input`, `capture_output` and `text` work as there. `phase`: the fault
     hook's phase (backendgen.plumbing.faults) reached once the child started."""

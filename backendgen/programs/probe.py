@@ -69,8 +69,14 @@ def loaded(torch, ops: list[str], keys: dict[str, list[str]]) -> dict:
                 keyed[op][key] = torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
             except RuntimeError:
                 keyed[op][key] = False
-    return {"ok": True, "dangling": dangling, "registered": registered, "kernels": kernels, "keyed": keyed,
-            "backend_name": torch._C._get_privateuse1_backend_name()}
+    return {
+        "ok": True,
+        "dangling": dangling,
+        "registered": registered,
+        "kernels": kernels,
+        "keyed": keyed,
+        "backend_name": torch._C._get_privateuse1_backend_name(),
+    }
 
 
 def device_module(torch, names: list[str]) -> dict[str, bool]:

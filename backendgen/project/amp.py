@@ -14,7 +14,7 @@ from backendgen.project import manifest
 # PyTorch's CastPolicy names (ATen/autocast_mode.h); "none" removes an operator from the table.
 POLICIES = {
     "lower_precision_fp": "floating-point arguments in the autocast dtype "
-                          "(float16 unless torch.autocast is given another, as PyTorch defaults for PrivateUse1)",
+    "(float16 unless torch.autocast is given another, as PyTorch defaults for PrivateUse1)",
     "fp32": "floating-point arguments in float32",
     "promote": "floating-point arguments in the widest floating-point type among them",
     "fp32_set_opt_dtype": "dtype=float32 when not given (operators with a dtype argument); else as fp32",

@@ -41,7 +41,9 @@ _BLOCK = re.compile(r"\b(TORCH_LIBRARY_IMPL|TORCH_LIBRARY_FRAGMENT|TORCH_LIBRARY
 _IMPL = re.compile(r"\bm\.impl\(\s*\"([^\"]+)\"")
 _DEF = re.compile(r"\bm\.def\(\s*\"([A-Za-z0-9_.]+)")
 _FALLBACK = re.compile(r"\bm\.fallback\(")
-_STATIC = re.compile(r"\b([A-Z0-9_]*REGISTER_[A-Z0-9_]+|Register\w+|register\w*PrivateUse1\w*|TensorBackendMetaRegistry)\s*\(")
+_STATIC = re.compile(
+    r"\b([A-Z0-9_]*REGISTER_[A-Z0-9_]+|Register\w+|register\w*PrivateUse1\w*|TensorBackendMetaRegistry)\s*\("
+)
 _COMMENT = re.compile(r"//[^\n]*")
 _NAMESPACE = {"{{ cookiecutter.package }}": "{package}", "{{cookiecutter.package}}": "{package}"}
 
@@ -49,8 +51,11 @@ _NAMESPACE = {"{{ cookiecutter.package }}": "{package}", "{{cookiecutter.package
 def project_files(template: Path) -> dict[str, Path]:
     """The template project's files by project path, `{package}` for the package's name."""
     root = template / PROJECT_DIR
-    return {p.relative_to(root).as_posix().replace(_PACKAGE, "{package}"): p
-            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(root).as_posix().replace(_PACKAGE, "{package}"): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def registrations(cpp: str) -> tuple[dict[str, set[str]], set[str], set[str]]:
@@ -88,7 +93,9 @@ def audit(template: Path | None = None) -> list[str]:
             continue
         owners = _owners(m, path)
         if not owners:
-            problems.append(f"{path}: no integration point owns it; add one to {MANIFEST_FILE} (or the file to an entry)")
+            problems.append(
+                f"{path}: no integration point owns it; add one to {MANIFEST_FILE} (or the file to an entry)"
+            )
         elif len(owners) > 1:
             problems.append(f"{path}: owned by {' and '.join(p.name for p in owners)} alike; make one entry name it")
         else:
@@ -119,22 +126,47 @@ def audit(template: Path | None = None) -> list[str]:
                 found_static |= statics
         for key in sorted(set(found_reg) | set(point.registers)):
             listed, made = set(point.registers.get(key, ())), found_reg.get(key, set())
-            problems += [f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list" for op in sorted(made - listed)]
-            problems += [f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register" for op in sorted(listed - made)]
-        problems += [f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list" for op in sorted(found_def - set(point.defines))]
-        problems += [f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
-                     for op in sorted(set(point.defines) - found_def)]
-        problems += [f"{point.name}: static registration {s} is not in {MANIFEST_FILE}" for s in sorted(found_static - set(point.statics))]
-        problems += [f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
-                     for s in sorted(set(point.statics) - found_static)]
+            problems += [
+                f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list"
+                for op in sorted(made - listed)
+            ]
+            problems += [
+                f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register"
+                for op in sorted(listed - made)
+            ]
+        problems += [
+            f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list"
+            for op in sorted(found_def - set(point.defines))
+        ]
+        problems += [
+            f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
+            for op in sorted(set(point.defines) - found_def)
+        ]
+        problems += [
+            f"{point.name}: static registration {s} is not in {MANIFEST_FILE}"
+            for s in sorted(found_static - set(point.statics))
+        ]
+        problems += [
+            f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
+            for s in sorted(set(point.statics) - found_static)
+        ]
         # the APIs it names are the ones its files use (add-op's kernels: the kernel templates)
-        used = "\n".join(texts.values()) if texts else "\n".join(
-            p.read_text(errors="replace") for p in sorted((template / "ops").glob("*.j2")))
+        used = (
+            "\n".join(texts.values())
+            if texts
+            else "\n".join(p.read_text(errors="replace") for p in sorted((template / "ops").glob("*.j2")))
+        )
         for header, names in point.cpp_apis.items():
-            problems += [f"{point.name}: {MANIFEST_FILE} names {header}: {n}, which its files do not use"
-                         for n in names if not re.search(rf"\b{re.escape(n)}\b", used)]
-        problems += [f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
-                     for n in point.python_apis if n.rsplit(".", 1)[-1] not in used]
+            problems += [
+                f"{point.name}: {MANIFEST_FILE} names {header}: {n}, which its files do not use"
+                for n in names
+                if not re.search(rf"\b{re.escape(n)}\b", used)
+            ]
+        problems += [
+            f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
+            for n in point.python_apis
+            if n.rsplit(".", 1)[-1] not in used
+        ]
     return problems
 
 
@@ -146,7 +178,9 @@ def _setup_protocol(files: dict[str, Path], m: Manifest) -> list[str]:
     if not re.search(rf"cmdclass=\{{[^}}]*\"{re.escape(command)}\":", text):
         problems.append(f"setup.py: no `{command}` command in its cmdclass ({MANIFEST_FILE} build.sources_command)")
     if f'print("{prefix}"' not in text:
-        problems.append(f"setup.py: its `{command}` command does not print {prefix!r} ({MANIFEST_FILE} build.sources_prefix)")
+        problems.append(
+            f"setup.py: its `{command}` command does not print {prefix!r} ({MANIFEST_FILE} build.sources_prefix)"
+        )
     return problems
 
 
@@ -157,15 +191,20 @@ def _generators(template: Path) -> list[Path]:
     """What writes a project's generated C++: backendgen's modules and the kernel templates."""
     here = Path(__file__).resolve()
     package = here.parent.parent  # backendgen/
-    return [*(p for p in sorted(package.rglob("*.py")) if p.name not in (here.name, "manifest.py")),
-            *sorted((template / "ops").glob("*.j2"))]
+    return [
+        *(p for p in sorted(package.rglob("*.py")) if p.name not in (here.name, "manifest.py")),
+        *sorted((template / "ops").glob("*.j2")),
+    ]
 
 
 def _provided(template: Path, files: dict[str, Path], m: Manifest) -> list[str]:
     """Names generated code calls in the template's kernel helpers, against the points' `provides`."""
     called = {name for path in _generators(template) for name in _KERNEL_NAME.findall(path.read_text())}
     provided = {name: point for point in m.integration_points for name in point.provides}
-    problems = [f"generated code calls kernels::{name}, which no integration point provides" for name in sorted(called - set(provided))]
+    problems = [
+        f"generated code calls kernels::{name}, which no integration point provides"
+        for name in sorted(called - set(provided))
+    ]
     for name, point in provided.items():
         texts = [files[f].read_text() for f in files if point.specificity(f) and f.endswith(".h")]
         if not any(re.search(rf"\b{re.escape(name)}\b", t) for t in texts):
@@ -184,16 +223,20 @@ def _emulator_users(template: Path, files: dict[str, Path], m: Manifest) -> list
 
     def includes(path: str) -> bool:  # an include is relative to csrc/ (the include dir) or to the file
         spelled = _INCLUDE.findall(_COMMENT.sub("", files[path].read_text(errors="replace")))
-        return any(header in (posixpath.normpath(f"csrc/{s}"), posixpath.normpath(posixpath.join(posixpath.dirname(path), s)))
-                   for s in spelled)
+        return any(
+            header in (posixpath.normpath(f"csrc/{s}"), posixpath.normpath(posixpath.join(posixpath.dirname(path), s)))
+            for s in spelled
+        )
 
     if header not in files:
         return [f"emulator: {header} is in {MANIFEST_FILE} but not in the template"]
     problems = []
     including = {f for f in files if f != header and f.endswith((".cpp", ".h")) and includes(f)}
-    problems += [f"{f}: includes {header}, the emulator's own calls; only the files {MANIFEST_FILE} lists in "
-                 f"emulator.users may (the rest reach the device through driver.h, kernels through kernel_support.h)"
-                 for f in sorted(including - set(users))]
+    problems += [
+        f"{f}: includes {header}, the emulator's own calls; only the files {MANIFEST_FILE} lists in "
+        f"emulator.users may (the rest reach the device through driver.h, kernels through kernel_support.h)"
+        for f in sorted(including - set(users))
+    ]
     for user in users:
         if user not in files:
             problems.append(f"emulator: {user} is a user in {MANIFEST_FILE} but not in the template")
@@ -202,9 +245,13 @@ def _emulator_users(template: Path, files: dict[str, Path], m: Manifest) -> list
         elif user not in including:
             problems.append(f"emulator: {user} is a user in {MANIFEST_FILE} but does not include {header}")
     name = posixpath.basename(header)
-    problems += [f"{path.parent.name}/{path.name}: generated code reaches the emulator ({name} or emulator::); generated kernels use "
-                 f"kernels:: helpers (kernel_support.h)"
-                 for path in _generators(template) if name in (text := path.read_text()) or "emulator::" in text]
+    problems += [
+        f"{path.parent.name}/{path.name}: generated code reaches the emulator ({name} or emulator::); "
+        "generated kernels use "
+        f"kernels:: helpers (kernel_support.h)"
+        for path in _generators(template)
+        if name in (text := path.read_text()) or "emulator::" in text
+    ]
     return problems
 
 
@@ -219,10 +266,15 @@ def _uncompiled(files: dict[str, Path], m: Manifest) -> list[str]:
     sources = [f.removeprefix("csrc/") for f in files if f.startswith("csrc/") and f.endswith(".cpp")]
     folders = [v.removeprefix("csrc/") for v in m.paths.values() if v.startswith("csrc/") and not v.endswith(".cpp")]
     registration = m.paths["registration"].removeprefix("csrc/")
-    return ([f"csrc/{f}: no unity group in setup.py's GROUPS compiles it" for f in sources + [registration]
-             if f not in entries and f.rsplit("/", 1)[0] not in entries] +
-            [f"csrc/{d}/: backendgen writes C++ there but no unity group in setup.py's GROUPS compiles it"
-             for d in folders if d not in entries])
+    return [
+        f"csrc/{f}: no unity group in setup.py's GROUPS compiles it"
+        for f in sources + [registration]
+        if f not in entries and f.rsplit("/", 1)[0] not in entries
+    ] + [
+        f"csrc/{d}/: backendgen writes C++ there but no unity group in setup.py's GROUPS compiles it"
+        for d in folders
+        if d not in entries
+    ]
 
 
 def api_problems(m: Manifest, torch_dir: Path) -> list[str]:

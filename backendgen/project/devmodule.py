@@ -29,10 +29,17 @@ from pathlib import Path
 from backendgen.plumbing.files import write_atomic
 
 # names PyTorch's code gives a device module (variables and attributes)
-MODULE_NAMES = frozenset({
-    "device_module", "device_mod", "torch_device_module", "device_handle", "_device_mod", "_device_handle",
-    "_device_module",
-})
+MODULE_NAMES = frozenset(
+    {
+        "device_module",
+        "device_mod",
+        "torch_device_module",
+        "device_handle",
+        "_device_mod",
+        "_device_handle",
+        "_device_module",
+    }
+)
 # calls that return a device module
 FACTORIES = frozenset({"_get_device_module", "get_device_module"})
 # text a file must hold to be parsed at all (parsing all of torch costs ~15 s; these few hundred, ~2 s)
@@ -54,8 +61,13 @@ def _is_device_module(node: ast.AST) -> bool:
         name = _call_name(node)
         if name in FACTORIES:
             return True
-        return (name == "getattr" and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
-                and node.args[0].id == "torch" and not isinstance(node.args[1], ast.Constant))
+        return (
+            name == "getattr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "torch"
+            and not isinstance(node.args[1], ast.Constant)
+        )
     return False
 
 
@@ -67,9 +79,15 @@ def _reads_in(tree: ast.AST) -> list[tuple[str, int]]:
                 out.append((node.attr, node.lineno))
             elif isinstance(node.value, ast.Attribute) and _is_device_module(node.value.value):
                 out.append((f"{node.value.attr}.{node.attr}", node.lineno))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-              and len(node.args) >= 2 and _is_device_module(node.args[0])
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and _is_device_module(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
             out.append((node.args[1].value, node.lineno))
     return out
 
@@ -107,7 +125,11 @@ def torch_reads(torch_dir: Path, torch_version: str) -> dict[str, list[str]]:
     path = cache_dir() / f"device-module-reads-{torch_version}.json"
     try:
         cached = json.loads(path.read_text())
-        if cached.get("format") == CACHE_FORMAT and cached.get("dir") == str(torch_dir) and cached.get("stamp") == stamp:
+        if (
+            cached.get("format") == CACHE_FORMAT
+            and cached.get("dir") == str(torch_dir)
+            and cached.get("stamp") == stamp
+        ):
             return cached["reads"]
     except (OSError, ValueError, AttributeError):
         pass

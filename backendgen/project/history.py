@@ -81,7 +81,9 @@ def paths_of(version: int) -> dict[str, str]:
         try:
             old = json.loads(blob(digest)).get("paths") or {}
         except (ValueError, AttributeError) as e:
-            raise UserError(f"{STORE}'s manifest of template {version} is damaged ({e}); reinstall backendgen") from None
+            raise UserError(
+                f"{STORE}'s manifest of template {version} is damaged ({e}); reinstall backendgen"
+            ) from None
     return {**current.paths, **old}
 
 
@@ -105,15 +107,22 @@ def _store() -> tuple[tuple[State, ...], dict[str, bytes]]:
                 if member.name == "index.json":
                     index = json.loads(data)
                 elif member.name.startswith("blobs/"):
-                    blobs[member.name[len("blobs/"):]] = data
+                    blobs[member.name[len("blobs/") :]] = data
         if index is None:
             raise ValueError("no index.json")
         hashes = index["blobs"]
         states = tuple(
-            State(hash=s["state"], version=int(s["version"]), commit=s["commit"], tree=s["tree"], order=i,
-                  files=tuple((path, hashes[blob]) for path, blob in s["files"]),
-                  executable=frozenset(s.get("executable", ())))
-            for i, s in enumerate(index["states"]))
+            State(
+                hash=s["state"],
+                version=int(s["version"]),
+                commit=s["commit"],
+                tree=s["tree"],
+                order=i,
+                files=tuple((path, hashes[blob]) for path, blob in s["files"]),
+                executable=frozenset(s.get("executable", ())),
+            )
+            for i, s in enumerate(index["states"])
+        )
     except (OSError, ValueError, KeyError, IndexError, TypeError, tarfile.TarError, lzma.LZMAError) as e:
         raise UserError(f"{STORE} is damaged ({e}); reinstall backendgen") from None
     return states, blobs
@@ -174,13 +183,15 @@ def template_of(version: int):
         raise UserError(f"template {version} is newer than this backendgen's template {current}; upgrade backendgen")
     found = states(version)
     if version < 1 or not found:
-        raise UserError(f"this backendgen has no copy of template {version} (backendgen/template_history); "
-                        "reinstall backendgen")
+        raise UserError(
+            f"this backendgen has no copy of template {version} (backendgen/template_history); reinstall backendgen"
+        )
     with materialized(found[-1]) as root:
         yield root
 
 
 # --- the maintainer's command: the store, from git history -----------------------------------------
+
 
 def _git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
     try:
@@ -242,7 +253,7 @@ def snapshot(*, repo: Path | None = None) -> Path:
     for blob in wanted:
         header_end = batch.index(b"\n", at)
         size = int(batch[at:header_end].split()[2])
-        contents[blob] = batch[header_end + 1:header_end + 1 + size]
+        contents[blob] = batch[header_end + 1 : header_end + 1 + size]
         at = header_end + 1 + size + 1
     digests = {blob: template_tree.blob_hash(data) for blob, data in contents.items()}
     # blobs in the order of their path's first appearance, then age: versions of one file side by side
@@ -255,18 +266,25 @@ def snapshot(*, repo: Path | None = None) -> Path:
     index = {"format": 1, "blobs": blob_list, "states": []}
     for s in found:
         hashes = {path: digests[blob] for path, blob in s["files"].items()}
-        entry = {"state": template_tree.state_hash_of(hashes), "version": s["version"], "commit": s["commit"],
-                 "tree": s["tree"], "files": [[p, blob_index[hashes[p]]] for p in sorted(hashes)]}
+        entry = {
+            "state": template_tree.state_hash_of(hashes),
+            "version": s["version"],
+            "commit": s["commit"],
+            "tree": s["tree"],
+            "files": [[p, blob_index[hashes[p]]] for p in sorted(hashes)],
+        }
         if s["x"]:
             entry["executable"] = sorted(s["x"])
         index["states"].append(entry)
     by_digest = {digests[blob]: data for blob, data in contents.items()}
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+
         def add(name: str, data: bytes) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             tar.addfile(info, io.BytesIO(data))
+
         add("index.json", json.dumps(index, separators=(",", ":"), sort_keys=True).encode())
         for digest in blob_list:
             add(f"blobs/{digest}", by_digest[digest])
@@ -278,8 +296,11 @@ def snapshot(*, repo: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m backendgen.project.history", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--snapshot", action="store_true",
-                        help="store every state of every template version but HEAD's, from git history")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="store every state of every template version but HEAD's, from git history",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a version below the current one has no state")
     args = parser.parse_args(argv)
     if args.snapshot:
@@ -291,12 +312,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {path} ({path.stat().st_size} bytes, {len(states())} states)")
     missing = missing_versions()
     if missing:
-        print(f"no state of template {', '.join(map(str, missing))}: run python -m backendgen.project.history --snapshot "
-              f"before bumping the template version", file=sys.stderr)
+        print(
+            f"no state of template {', '.join(map(str, missing))}: run python -m backendgen.project.history --snapshot "
+            f"before bumping the template version",
+            file=sys.stderr,
+        )
         return 1
     counts = ", ".join(f"{v}: {len(states(v))}" for v in stored_versions())
-    print(f"templates 1..{current_version() - 1} are stored (states per version: {counts}); "
-          f"{current_version()} is the installed template")
+    print(
+        f"templates 1..{current_version() - 1} are stored (states per version: {counts}); "
+        f"{current_version()} is the installed template"
+    )
     return 0
 
 

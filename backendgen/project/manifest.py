@@ -86,8 +86,7 @@ class IntegrationPoint:
         candidates = [path]
         if path.endswith(".h"):
             candidates.append(path[:-2] + ".cpp")
-        return max((len(pat) for pat in self.patterns() for c in candidates if fnmatch.fnmatchcase(c, pat)),
-                   default=0)
+        return max((len(pat) for pat in self.patterns() for c in candidates if fnmatch.fnmatchcase(c, pat)), default=0)
 
 
 @dataclass(frozen=True)
@@ -130,8 +129,12 @@ class Manifest:
 
     def builtin_ops(self) -> list[str]:
         """The ATen operators (without `aten::`) the template registers at PrivateUse1 itself."""
-        return [op.removeprefix("aten::") for p in self.integration_points
-                for op in p.registers.get("PrivateUse1", ()) if op.startswith("aten::")]
+        return [
+            op.removeprefix("aten::")
+            for p in self.integration_points
+            for op in p.registers.get("PrivateUse1", ())
+            if op.startswith("aten::")
+        ]
 
     def registering(self, qualified: str) -> IntegrationPoint | None:
         """The integration point whose files register ATen operator `qualified` ("aten::op.overload")
@@ -157,11 +160,19 @@ def parse(data: dict) -> Manifest:
     """A manifest from the parsed JSON; a malformed one is backendgen's own bug (KeyError/TypeError)."""
     points = tuple(
         IntegrationPoint(
-            name=p["name"], paths=tuple(p["paths"]), about=p["about"], replace=p["replace"],
-            more_files=tuple(p.get("more_files", ())), provides=tuple(p.get("provides", ())), registers=_tuple_map(p.get("registers")),
-            defines=tuple(p.get("defines", ())), statics=tuple(p.get("statics", ())),
-            cpp_apis=_tuple_map(p.get("cpp_apis")), python_apis=tuple(p.get("python_apis", ())),
-            python_sources=_tuple_map(p.get("python_sources")), optional=bool(p.get("optional", False)),
+            name=p["name"],
+            paths=tuple(p["paths"]),
+            about=p["about"],
+            replace=p["replace"],
+            more_files=tuple(p.get("more_files", ())),
+            provides=tuple(p.get("provides", ())),
+            registers=_tuple_map(p.get("registers")),
+            defines=tuple(p.get("defines", ())),
+            statics=tuple(p.get("statics", ())),
+            cpp_apis=_tuple_map(p.get("cpp_apis")),
+            python_apis=tuple(p.get("python_apis", ())),
+            python_sources=_tuple_map(p.get("python_sources")),
+            optional=bool(p.get("optional", False)),
         )
         for p in data["integration_points"]
     )
@@ -194,11 +205,13 @@ def _load(template: Path) -> Manifest:
     try:
         return parse(read(template))
     except OSError as e:
-        raise EnvironmentProblem(f"cannot read backendgen's template manifest {path}: {e.strerror}; "
-                                 "reinstall backendgen") from None
+        raise EnvironmentProblem(
+            f"cannot read backendgen's template manifest {path}: {e.strerror}; reinstall backendgen"
+        ) from None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise EnvironmentProblem(f"backendgen's template manifest {path} is broken ({type(e).__name__}: {e}); "
-                                 "reinstall backendgen") from None
+        raise EnvironmentProblem(
+            f"backendgen's template manifest {path} is broken ({type(e).__name__}: {e}); reinstall backendgen"
+        ) from None
 
 
 def load() -> Manifest:

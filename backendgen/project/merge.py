@@ -32,8 +32,14 @@ class MergeResult:
     conflicts: int  # number of conflicting regions (0: a clean merge)
 
 
-def merge3(base: str, ours: str, theirs: str, *, labels: tuple[str, str, str] = ("yours", "base", "theirs"),
-           use_git: bool | None = None) -> MergeResult:
+def merge3(
+    base: str,
+    ours: str,
+    theirs: str,
+    *,
+    labels: tuple[str, str, str] = ("yours", "base", "theirs"),
+    use_git: bool | None = None,
+) -> MergeResult:
     """Merge the change base -> theirs into ours. `labels`: (ours, base, theirs) for the markers.
     `use_git`: None picks git when it is on PATH."""
     if ours == theirs or base == theirs:
@@ -62,8 +68,20 @@ def _git_merge(base: str, ours: str, theirs: str, labels: tuple[str, str, str]) 
                 fh.write(text)
             paths.append(path)
         proc = subprocess.run(
-            ["git", "merge-file", "-p", "--diff3", f"--marker-size={MARKER_SIZE}",
-             "-L", labels[0], "-L", labels[1], "-L", labels[2], *paths],
+            [
+                "git",
+                "merge-file",
+                "-p",
+                "--diff3",
+                f"--marker-size={MARKER_SIZE}",
+                "-L",
+                labels[0],
+                "-L",
+                labels[1],
+                "-L",
+                labels[2],
+                *paths,
+            ],
             capture_output=True,
         )
     if proc.returncode < 0 or proc.returncode > 127:  # git merge-file: >= 0 conflicts, negative on error
@@ -116,10 +134,15 @@ def _py_merge(base: str, ours: str, theirs: str, labels: tuple[str, str, str]) -
                 out += b_part
             else:
                 conflicts += 1
-                out += [f"{'<' * MARKER_SIZE} {labels[0]}\n", *block(a_part),
-                        f"{'|' * MARKER_SIZE} {labels[1]}\n", *block(base_part),
-                        f"{'=' * MARKER_SIZE}\n", *block(b_part),
-                        f"{'>' * MARKER_SIZE} {labels[2]}\n"]
+                out += [
+                    f"{'<' * MARKER_SIZE} {labels[0]}\n",
+                    *block(a_part),
+                    f"{'|' * MARKER_SIZE} {labels[1]}\n",
+                    *block(base_part),
+                    f"{'=' * MARKER_SIZE}\n",
+                    *block(b_part),
+                    f"{'>' * MARKER_SIZE} {labels[2]}\n",
+                ]
         out += o[zstart:zend]
         iz, ia, ib = zend, aend, bend
     return MergeResult("".join(out), conflicts)

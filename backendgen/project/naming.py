@@ -100,7 +100,9 @@ def check_device_name(name: str) -> None:
     if name in sys.builtin_module_names or name in sys.stdlib_module_names:
         raise InvalidNameError(f"the device name {name!r} is a Python standard-library module; choose another name")
     if importlib.util.find_spec(name) is not None:
-        raise InvalidNameError(f"the device name {name!r} is an importable module in this environment; choose another name")
+        raise InvalidNameError(
+            f"the device name {name!r} is an importable module in this environment; choose another name"
+        )
     if name in torch_attribute_names():
         raise InvalidNameError(f"the device name {name!r} collides with torch.{name}; choose another name")
 
@@ -121,8 +123,13 @@ def torch_attribute_names() -> frozenset[str]:
         return frozenset(json.loads(path.read_text()))
     except (OSError, ValueError):
         pass
-    out = subprocess.run([sys.executable, "-m", "backendgen.programs.torch_names"], capture_output=True, text=True,
-                         env=subprocess_env(autoload="0"), check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "backendgen.programs.torch_names"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(autoload="0"),
+        check=False,
+    )
     if out.returncode != 0:
         from backendgen.plumbing.errors import EnvironmentProblem
 
@@ -134,4 +141,3 @@ def torch_attribute_names() -> frozenset[str]:
     except OSError:
         pass  # an unwritable cache only costs time
     return frozenset(names)
-

@@ -15,12 +15,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from backendgen.project import manifest
-from backendgen.project import record as metadata
-from backendgen.project.record import OpRecord, OverrideRecord, OwnOpRecord, Record
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
-from backendgen.project import history
+from backendgen.project import history, manifest
+from backendgen.project import record as metadata
+from backendgen.project.record import OpRecord, OverrideRecord, OwnOpRecord, Record
 
 METADATA_FILE = "backendgen.json"
 LOCK_FILE = ".backendgen.lock"
@@ -159,12 +158,16 @@ class Project:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
-            raise ProjectError(f"{path} is not valid JSON (not UTF-8: {e.reason}): it is corrupted; {metadata.RESTORE}") from None
+            raise ProjectError(
+                f"{path} is not valid JSON (not UTF-8: {e.reason}): it is corrupted; {metadata.RESTORE}"
+            ) from None
         except ValueError as e:
             raise ProjectError(f"{path} is not valid JSON ({e}): it is corrupted; {metadata.RESTORE}") from None
         except OSError as e:
             raise ProjectError(f"cannot read {path}: {e.strerror}") from None
-        return cls(root.resolve(), Record.load(data, str(path)))  # validated whole, once: nothing reads an unchecked value
+        return cls(
+            root.resolve(), Record.load(data, str(path))
+        )  # validated whole, once: nothing reads an unchecked value
 
     @classmethod
     def find(cls, start: Path | None = None) -> Project:

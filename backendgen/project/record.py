@@ -3,9 +3,10 @@ typed record the commands read and change (`Record` and the records of each oper
 
 `Record.load(data)` checks the whole parsed file against `SCHEMA` (`validate`) before any command
 uses it (`Project.load` calls it once) and raises `ProjectError` naming the field, what is wrong and
-the fix; then it types it. Nothing reads an unchecked value, and nothing reads the file by key. A stored name is held to the rules a typed one is
-(backendgen.project.naming): a hand-edited `device` or `package` can reach neither a C++ or Python source
-nor a path outside the project, and every stored path must stay inside the project.
+the fix; then it types it. Nothing reads an unchecked value, and nothing reads the file by key. A
+stored name is held to the rules a typed one is (backendgen.project.naming): a hand-edited `device`
+or `package` can reach neither a C++ or Python source nor a path outside the project, and every
+stored path must stay inside the project.
 
 The schema is a small declarative model (`Field`s with a check each), not a dependency: a field is
 `Str`, `Int`, `Bool`, `Obj` (named fields), `List` or `Map` (of one kind), optionally `nullable`.
@@ -49,6 +50,7 @@ class Invalid(Exception):
 @dataclass(frozen=True)
 class Kind:
     """A value's kind: `check(value)` raises Invalid."""
+
     name: str
     check: Callable[[object], None]
     nullable: bool = False
@@ -66,14 +68,20 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def Str(pattern: re.Pattern | None = None, *, what: str = "a string", extra: Callable[[str], None] | None = None,
-        nullable: bool = False) -> Kind:
+def Str(
+    pattern: re.Pattern | None = None,
+    *,
+    what: str = "a string",
+    extra: Callable[[str], None] | None = None,
+    nullable: bool = False,
+) -> Kind:
     def check(v):
         _type(v, (str,), "a string")
         if pattern is not None and not pattern.match(v):
             raise Invalid(f"{_shown(v)} is not {what}")
         if extra is not None:
             extra(v)
+
     return Kind("string", check, nullable)
 
 
@@ -82,6 +90,7 @@ def Int(lo: int | None = None, hi: int | None = None) -> Kind:
         _type(v, (int,), "an integer")
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise Invalid(f"{v} is outside {lo}..{hi}")
+
     return Kind("integer", check)
 
 
@@ -92,6 +101,7 @@ def Bool() -> Kind:
 @dataclass(frozen=True)
 class F:
     """A named field of an object."""
+
     name: str
     kind: Kind
     required: bool = True
@@ -99,9 +109,11 @@ class F:
 
 def Obj(*fields: F, open_: bool = False, nullable: bool = False) -> Kind:
     """An object with `fields`; `open_`: other keys are allowed (and ignored)."""
+
     def check(v):
         _type(v, (dict,), "an object")
         _check_fields(v, fields, open_)
+
     return Kind("object", check, nullable)
 
 
@@ -110,6 +122,7 @@ def List(of: Kind) -> Kind:
         _type(v, (list,), "a list")
         for i, item in enumerate(v):
             _at(f"[{i}]", _label(item), lambda item=item: _value(of, item))
+
     return Kind("list", check)
 
 
@@ -117,7 +130,12 @@ def Map(key: Kind, value: Kind) -> Kind:
     def check(v):
         _type(v, (dict,), "an object")
         for k, item in v.items():
-            _at(f".{k}" if _CPP_NAME.match(k) else f"[{k!r}]", None, lambda k=k, item=item: (_value(key, k), _value(value, item)))
+            _at(
+                f".{k}" if _CPP_NAME.match(k) else f"[{k!r}]",
+                None,
+                lambda k=k, item=item: (_value(key, k), _value(value, item)),
+            )
+
     return Kind("map", check)
 
 
@@ -132,7 +150,9 @@ class _Where(Exception):
 
 def _label(item) -> str | None:
     """How a list item is named in a message: its operator, when it has one."""
-    return item.get("op") if isinstance(item, dict) and isinstance(item.get("op"), str) and len(item["op"]) < 80 else None
+    return (
+        item.get("op") if isinstance(item, dict) and isinstance(item.get("op"), str) and len(item["op"]) < 80 else None
+    )
 
 
 def _at(step: str, label: str | None, fn) -> None:
@@ -167,15 +187,20 @@ def _check_fields(v: dict, fields: tuple[F, ...], open_: bool) -> None:
 
 # --- the rules of stored values ------------------------------------------------------------------
 
+
 def _device(name: str) -> None:
     from backendgen.project import naming
 
     try:
         naming.check_syntax(name)
     except InvalidNameError as e:
-        raise Invalid(str(e).removeprefix("the "), "it must be the device name the project was generated with") from None
+        raise Invalid(
+            str(e).removeprefix("the "), "it must be the device name the project was generated with"
+        ) from None
     if keyword.iskeyword(name) or name in naming.CPP_KEYWORDS:
-        raise Invalid(f"{name!r} is a Python or C++ keyword", "it must be the device name the project was generated with")
+        raise Invalid(
+            f"{name!r} is a Python or C++ keyword", "it must be the device name the project was generated with"
+        )
 
 
 def _package(name: str) -> None:
@@ -184,15 +209,22 @@ def _package(name: str) -> None:
     try:
         naming.check_syntax(name, "package name")
     except InvalidNameError as e:
-        raise Invalid(str(e).removeprefix("the "), "it must be the project's Python package (a directory at its root)") from None
+        raise Invalid(
+            str(e).removeprefix("the "), "it must be the project's Python package (a directory at its root)"
+        ) from None
     if keyword.iskeyword(name):
         raise Invalid(f"{name!r} is a Python keyword", "it must be the project's Python package")
 
 
 def _relative_path(path: str) -> None:
     """A path inside the project: relative, no `..`, printable ASCII, no backslash."""
-    if (not path or path.startswith("/") or "\\" in path or not _SCHEMA_TEXT.match(path)
-            or any(part in ("", ".", "..") for part in path.split("/"))):
+    if (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or not _SCHEMA_TEXT.match(path)
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
         raise Invalid(f"{_shown(path)} is not a path inside the project (relative, without '..')")
 
 
@@ -200,8 +232,10 @@ def _source_text(text: str) -> None:
     """A schema, signature or expression pasted into a generated source: one line of printable ASCII
     without a quote or backslash that could end the literal it is written into."""
     if not _SCHEMA_TEXT.match(text) or _NOT_IN_SOURCES & set(text):
-        raise Invalid(f"{_shown(text)} contains a character a generated source cannot take (quote, backslash, "
-                      "control or non-ASCII character)")
+        raise Invalid(
+            f"{_shown(text)} contains a character a generated source cannot take (quote, backslash, "
+            "control or non-ASCII character)"
+        )
 
 
 def _body(text: str) -> None:
@@ -211,8 +245,10 @@ def _body(text: str) -> None:
 
 def _template_version(v) -> None:
     if isinstance(v, bool) or not isinstance(v, (str, int)) or not str(v).isdigit():
-        raise Invalid(f"records an unknown template version {_shown(v)} (a number: template/template.json's "
-                      "template_version when the project was generated)")
+        raise Invalid(
+            f"records an unknown template version {_shown(v)} (a number: template/template.json's "
+            "template_version when the project was generated)"
+        )
 
 
 PATH = Str(extra=_relative_path)
@@ -221,11 +257,15 @@ CPP = Str(_CPP_NAME, what="a C++ name")
 HEX = Str(_HEX64, what="a lowercase hex SHA-256")
 TEXT = Str(extra=_source_text)
 
-REGISTRATION = Obj(F("name", CPP), F("root", CPP), F("ops_struct", CPP), F("namespace", CPP), F("function", CPP),
-                   nullable=True)
+REGISTRATION = Obj(
+    F("name", CPP), F("root", CPP), F("ops_struct", CPP), F("namespace", CPP), F("function", CPP), nullable=True
+)
 
 OP_RECORD = Obj(
-    F("op", OP), F("schema", TEXT), F("signature", TEXT), F("source", PATH),
+    F("op", OP),
+    F("schema", TEXT),
+    F("signature", TEXT),
+    F("source", PATH),
     F("origin", Str(re.compile(r"^(template|add-op)$"), what="'template' or 'add-op'")),
     F("test", Str(extra=_relative_path, nullable=True), required=False),
     F("requested", Str(_OP, what="an operator name", nullable=True), required=False),
@@ -236,15 +276,26 @@ OP_RECORD = Obj(
 )
 
 CUSTOM_OP = Obj(
-    F("op", OP), F("schema", TEXT), F("body", Str(extra=_body), required=False), F("autograd", Bool(), required=False),
-    F("signature", TEXT, required=False), F("source", PATH), F("autograd_source", PATH, required=False),
-    F("python", PATH, required=False), F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    F("op", OP),
+    F("schema", TEXT),
+    F("body", Str(extra=_body), required=False),
+    F("autograd", Bool(), required=False),
+    F("signature", TEXT, required=False),
+    F("source", PATH),
+    F("autograd_source", PATH, required=False),
+    F("python", PATH, required=False),
+    F("test", PATH, required=False),
+    F("source_sha256", HEX, required=False),
     open_=True,  # read by key: a field an older backendgen wrote is kept
 )
 
 OVERRIDE = Obj(
-    F("op", OP), F("schema", TEXT), F("signature", TEXT, required=False), F("source", PATH),
-    F("test", PATH, required=False), F("source_sha256", HEX, required=False),
+    F("op", OP),
+    F("schema", TEXT),
+    F("signature", TEXT, required=False),
+    F("source", PATH),
+    F("test", PATH, required=False),
+    F("source_sha256", HEX, required=False),
     open_=True,
 )
 
@@ -258,14 +309,27 @@ TOP_FIELDS = (
     F("package", Str(extra=_package)),
     F("dist_name", Str(_DIST, what="a distribution name (lower-case letters, digits, - and _)")),
     F("num_devices", Int(1, 64), required=False),
-    F("torch", Obj(F("version", Str(_VERSION, what="a torch version, e.g. \"2.13.0\"")),
-                   F("native_functions_sha256", Str(_HEX64, what="a lowercase hex SHA-256", nullable=True), required=False))),
+    F(
+        "torch",
+        Obj(
+            F("version", Str(_VERSION, what='a torch version, e.g. "2.13.0"')),
+            F("native_functions_sha256", Str(_HEX64, what="a lowercase hex SHA-256", nullable=True), required=False),
+        ),
+    ),
     F("ops", List(OP_RECORD)),
     F("custom_ops", List(CUSTOM_OP), required=False),
     F("autograd_overrides", List(OVERRIDE), required=False),
     F("amp", Map(CPP, Str(re.compile(r"^[a-z0-9_]+$"), what="an autocast policy")), required=False),
-    F("update", Obj(F("from", Kind("template version", _template_version)), F("to", Kind("template version", _template_version)),
-                    F("conflicts", List(PATH)), open_=True), required=False),
+    F(
+        "update",
+        Obj(
+            F("from", Kind("template version", _template_version)),
+            F("to", Kind("template version", _template_version)),
+            F("conflicts", List(PATH)),
+            open_=True,
+        ),
+        required=False,
+    ),
 )
 SCHEMA = Obj(*TOP_FIELDS, open_=True)
 
@@ -278,7 +342,9 @@ def validate(data: object, path: str = "backendgen.json") -> None:
     if missing:
         raise ProjectError(f"{path} is missing {', '.join(missing)}; {RESTORE}")
     if data["format"] != FORMAT:
-        raise ProjectError(f"{path} has metadata format {_shown(data['format'])}; this backendgen reads format {FORMAT}")
+        raise ProjectError(
+            f"{path} has metadata format {_shown(data['format'])}; this backendgen reads format {FORMAT}"
+        )
     try:
         _value(SCHEMA, data)
     except _Where as e:
@@ -289,9 +355,10 @@ def validate(data: object, path: str = "backendgen.json") -> None:
     except Invalid as e:
         raise ProjectError(f"{path} is malformed: {e.why}; {e.fix or RESTORE}") from None
     if "DEVICE" in data and data["DEVICE"] != data["device"].upper():
-        raise ProjectError(f"{path}: DEVICE is malformed: {data['DEVICE']!r} is not the device name "
-                           f"{data['device']!r} in upper case; {RESTORE}")
-
+        raise ProjectError(
+            f"{path}: DEVICE is malformed: {data['DEVICE']!r} is not the device name "
+            f"{data['device']!r} in upper case; {RESTORE}"
+        )
 
 
 def built_entries(data: dict) -> list[str]:
@@ -370,6 +437,7 @@ class _Typed:
 @dataclass
 class OpRecord:
     """A kernel: one the template registers itself (origin "template") or one add-op wrote (kinds.aten_kernel)."""
+
     op: str  # "aten::mul.out"
     schema: str  # "aten::mul.out(Tensor self, …) -> Tensor(a!)"
     signature: str  # C++ kernel signature
@@ -389,6 +457,7 @@ class OpRecord:
 @dataclass(kw_only=True)
 class OwnOpRecord(_Typed):
     """The backend's own operator `<device>::NAME` (kinds.own_op)."""
+
     op: str
     schema: str  # without the namespace: "scale(Tensor x, float alpha=1.0) -> Tensor"
     body: str | None = None
@@ -408,6 +477,7 @@ class OwnOpRecord(_Typed):
 @dataclass(kw_only=True)
 class OverrideRecord(_Typed):
     """An autograd override of an ATen operator (kinds.autograd_override)."""
+
     op: str
     schema: str
     signature: str | None = None
@@ -423,6 +493,7 @@ class OverrideRecord(_Typed):
 @dataclass(kw_only=True)
 class TorchTarget(_Typed):
     """The torch a project is made for."""
+
     _NULLABLE: ClassVar[frozenset[str]] = frozenset({"native_functions_sha256"})
     version: str
     native_functions_sha256: str | None = None
@@ -431,6 +502,7 @@ class TorchTarget(_Typed):
 @dataclass(kw_only=True)
 class UpdateState(_Typed):
     """An update left conflicts to resolve: from which template to which, and the files."""
+
     _RENAMED: ClassVar[dict[str, str]] = {"from_": "from"}
     from_: int | str
     to: int | str
@@ -440,6 +512,7 @@ class UpdateState(_Typed):
 @dataclass(kw_only=True)
 class Record(_Typed):
     """backendgen.json. Its fields in the order a new project writes them."""
+
     format: int = FORMAT
     backendgen_version: str | None = None
     template_version: str | int | None = None  # the template's version (a number, stored as text)

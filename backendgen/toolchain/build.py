@@ -62,7 +62,9 @@ def check_toolchain() -> None:
     import importlib.util
 
     if importlib.util.find_spec("wheel") is None:
-        raise EnvironmentProblem("wheel is not installed (needed by pip install --no-build-isolation); pip install wheel")
+        raise EnvironmentProblem(
+            "wheel is not installed (needed by pip install --no-build-isolation); pip install wheel"
+        )
 
 
 _ERROR = re.compile(r"(error:|Error:|undefined reference|fatal error)")
@@ -130,8 +132,9 @@ class BuildOutcome:
     why_full: Stale | None = None  # why the fast path could not be taken
 
 
-def build(root: Path, package: str, dist_name: str, *, incremental: bool = True,
-          allow_fast: bool = True) -> BuildOutcome:
+def build(
+    root: Path, package: str, dist_name: str, *, incremental: bool = True, allow_fast: bool = True
+) -> BuildOutcome:
     """Build the project's extension in place: the fast path when the record allows it, else
     `setup.py build_ext --inplace` (or pip for a first build or `incremental=False`)."""
     check_toolchain()
@@ -178,8 +181,7 @@ def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow
     log = root / LOG_DIR / "backendgen-build.log"
     env = processes.build_env(root=root)
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
-    why = (Stale.NOT_INSTALLED if not installed
-           else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None)
+    why = Stale.NOT_INSTALLED if not installed else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None
     if why is None:
         record = BuildRecord.load(root)
         why = Stale.NO_RECORD if record is None else record.stale_because(root, env)
@@ -200,8 +202,12 @@ def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow
         check_installable()
         csrc = _csrc_files(root)
         # -v: the log gets setuptools' output, the link command included
-        proc = processes.logged([sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "-e", str(root)],
-                    root, log, env)
+        proc = processes.logged(
+            [sys.executable, "-m", "pip", "install", "-v", "--no-build-isolation", "--no-deps", "-e", str(root)],
+            root,
+            log,
+            env,
+        )
         _raise_if_failed(proc, log)
         BuildRecord.from_log(root, log, csrc, env)
         return BuildOutcome(log, How.PIP, why)
@@ -221,8 +227,18 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
 RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
 RECORD_FORMAT = 1
 # compiler settings setuptools and torch read from the environment: a change means a new build.ninja
-_BUILD_ENV = ("CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "LDSHARED", "ARCHFLAGS",
-              "BACKENDGEN_NO_CCACHE", "TORCH_NO_COMPILER_WRAPPER")
+_BUILD_ENV = (
+    "CC",
+    "CXX",
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "LDFLAGS",
+    "LDSHARED",
+    "ARCHFLAGS",
+    "BACKENDGEN_NO_CCACHE",
+    "TORCH_NO_COMPILER_WRAPPER",
+)
 
 
 def _sha256(path: Path) -> str | None:
@@ -295,18 +311,20 @@ class BuildRecord:
             # pip linked into a temporary directory, gone now: later links go where setup.py's do
             lib_dir = root / LOG_DIR / ninja_dir.name.replace("temp.", "lib.", 1) / out.parent.name
             link[link.index("-o") + 1] = str(lib_dir / out.name)
-        record = cls({
-            "format": RECORD_FORMAT,
-            "root": str(root.resolve()),
-            "python": sys.executable,
-            "torch": _torch_install(),
-            "env": _build_env(env),
-            "csrc": csrc,
-            "inputs": {name: _sha256(root / name) for name in ("setup.py", "pyproject.toml")},
-            "ninja_dir": str(ninja_dir.relative_to(root)),
-            "build_ninja": _sha256(ninja_files[0]),
-            "link": link,
-        })
+        record = cls(
+            {
+                "format": RECORD_FORMAT,
+                "root": str(root.resolve()),
+                "python": sys.executable,
+                "torch": _torch_install(),
+                "env": _build_env(env),
+                "csrc": csrc,
+                "inputs": {name: _sha256(root / name) for name in ("setup.py", "pyproject.toml")},
+                "ninja_dir": str(ninja_dir.relative_to(root)),
+                "build_ninja": _sha256(ninja_files[0]),
+                "link": link,
+            }
+        )
         record.save(root)
         return record
 
@@ -337,8 +355,14 @@ class BuildRecord:
         `unity` command imports no torch) and say whether ninja's build file compiles exactly the
         sources it lists now. If so the record is brought up to date and the fast path holds."""
         protocol = manifest.load().build  # setup.py's command that writes the unity files and lists the sources
-        proc = interrupt.run([sys.executable, "setup.py", "-q", protocol["sources_command"]], cwd=root, env=env,
-                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = interrupt.run(
+            [sys.executable, "setup.py", "-q", protocol["sources_command"]],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         prefix = protocol["sources_prefix"]
         listed = [ln.removeprefix(prefix) for ln in proc.stdout.splitlines() if ln.startswith(prefix)]
         if proc.returncode != 0 or len(listed) != 1:
@@ -348,8 +372,10 @@ class BuildRecord:
         except ValueError:
             return False
         ninja = root / self.data["ninja_dir"] / "build.ninja"
-        compiled = {str(Path(m.group(1)).resolve())
-                    for m in re.finditer(r"^build \S+: compile (\S+)$", ninja.read_text(), re.MULTILINE)}
+        compiled = {
+            str(Path(m.group(1)).resolve())
+            for m in re.finditer(r"^build \S+: compile (\S+)$", ninja.read_text(), re.MULTILINE)
+        }
         if compiled != wanted:
             return False
         self.data["csrc"] = _csrc_files(root)
@@ -372,8 +398,15 @@ class BuildRecord:
             with open(log, "a") as fh:
                 fh.write("$ " + " ".join(self.data["link"]) + "\n")
                 fh.flush()
-                proc = interrupt.run(self.data["link"], cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, phase="build:child")
+                proc = interrupt.run(
+                    self.data["link"],
+                    cwd=root,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    phase="build:child",
+                )
             _raise_if_failed(proc, log)
         target = root / package / library.name
         here = target.stat() if target.exists() else None
@@ -409,11 +442,18 @@ def installed_from(root: Path, dist_name: str) -> bool:
 
 def uninstall(dist_name: str) -> None:
     """`pip uninstall -y dist_name` in this Python."""
-    proc = interrupt.run([sys.executable, "-m", "pip", "uninstall", "-y", dist_name], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=processes.build_env())
+    proc = interrupt.run(
+        [sys.executable, "-m", "pip", "uninstall", "-y", dist_name],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=processes.build_env(),
+    )
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise EnvironmentProblem(f"could not uninstall {dist_name} ({why}); run {sys.executable} -m pip uninstall {dist_name}")
+        raise EnvironmentProblem(
+            f"could not uninstall {dist_name} ({why}); run {sys.executable} -m pip uninstall {dist_name}"
+        )
 
 
 # what a generated project's tests import besides torch (torch's OpInfo database needs numpy and expecttest)
@@ -442,6 +482,7 @@ _PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs"]
 @dataclass(frozen=True)
 class Skipped:
     """Tests pytest skipped for one reason at one place (its -rs summary line)."""
+
     count: int
     path: str  # the test file, relative to the project
     reason: str
@@ -453,7 +494,9 @@ def skipped_tests(log: Path) -> list[Skipped]:
         text = log.read_text(errors="replace")
     except OSError:
         return []
-    return [Skipped(int(m.group(1)), m.group(2), m.group(3).strip()) for m in map(_SKIPPED.match, text.splitlines()) if m]
+    return [
+        Skipped(int(m.group(1)), m.group(2), m.group(3).strip()) for m in map(_SKIPPED.match, text.splitlines()) if m
+    ]
 
 
 def _raise_if_tests_failed(returncode: int, log: Path) -> None:
@@ -472,14 +515,21 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test",
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     select = ["-m", marker] if marker else []
-    proc = processes.logged([sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, processes.test_env())
+    proc = processes.logged(
+        [sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, processes.test_env()
+    )
     _raise_if_tests_failed(proc.returncode, log)
     return log
 
 
 @contextmanager
-def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
-                        preload: tuple[str, ...] = ("torch.testing._internal.common_methods_invocations",)):
+def tests_started_early(
+    root: Path,
+    paths: list[str],
+    *,
+    name: str = "test",
+    preload: tuple[str, ...] = ("torch.testing._internal.common_methods_invocations",),
+):
     """Start a pytest process for `paths` now and yield a function that runs it; meant to be
     entered before a build. The process spends the build importing torch and `preload` (the
     generated operator tests' OpInfo database: ~5 s of their run), at a lower priority than the
@@ -488,13 +538,24 @@ def tests_started_early(root: Path, paths: list[str], *, name: str = "test",
     check_test_tools()
     log = root / LOG_DIR / f"backendgen-{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "backendgen.programs.warm_pytest",
-           json.dumps({"preload": list(preload), "pytest": [*_PYTEST_ARGS, *paths]})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "backendgen.programs.warm_pytest",
+        json.dumps({"preload": list(preload), "pytest": [*_PYTEST_ARGS, *paths]}),
+    ]
     with open(log, "w") as fh:
         fh.write(f"$ {sys.executable} -m pytest {' '.join(_PYTEST_ARGS + paths)}   (torch imported during the build)\n")
         fh.flush()
-        proc = interrupt.popen(cmd, cwd=root, env=processes.test_env(autoload="0"), stdin=subprocess.PIPE,
-                               stdout=fh, stderr=subprocess.STDOUT, text=True)
+        proc = interrupt.popen(
+            cmd,
+            cwd=root,
+            env=processes.test_env(autoload="0"),
+            stdin=subprocess.PIPE,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def run() -> Path:
         try:
@@ -535,7 +596,9 @@ class WheelOutcome:
 def _tool(name: str) -> str:
     found = shutil.which(name) or (Path(sys.executable).parent / name)
     if not Path(found).is_file():
-        raise EnvironmentProblem(f"{name} is not installed (needed to repair the wheel to a manylinux tag); {WHEEL_TOOLS}")
+        raise EnvironmentProblem(
+            f"{name} is not installed (needed to repair the wheel to a manylinux tag); {WHEEL_TOOLS}"
+        )
     return str(found)
 
 
@@ -558,9 +621,16 @@ def wheel_requirement(wheel: Path) -> str | None:
     with zipfile.ZipFile(wheel) as zf:
         name = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA")), None)
         text = zf.read(name).decode() if name else ""
-    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                 if ln.startswith("Requires-Dist:") and re.match(r"torch\b", ln.split(":", 1)[1].strip())
-                 and "extra ==" not in ln), None)
+    return next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in text.splitlines()
+            if ln.startswith("Requires-Dist:")
+            and re.match(r"torch\b", ln.split(":", 1)[1].strip())
+            and "extra ==" not in ln
+        ),
+        None,
+    )
 
 
 def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False) -> WheelOutcome:
@@ -577,8 +647,23 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
     (root / LOG_DIR).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="wheel-", dir=root / LOG_DIR))
     try:
-        proc = processes.logged([sys.executable, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
-                     "-w", str(work / "raw"), str(root)], root, log, env)
+        proc = processes.logged(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-v",
+                "--no-build-isolation",
+                "--no-deps",
+                "-w",
+                str(work / "raw"),
+                str(root),
+            ],
+            root,
+            log,
+            env,
+        )
         _raise_if_failed(proc, log)
         raw = sorted((work / "raw").glob("*.whl"))
         if len(raw) != 1:
@@ -592,7 +677,9 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
         repaired = sorted((work / "repaired").glob("*.whl"))
         if proc.returncode != 0 or len(repaired) != 1:
             text = log.read_text(errors="replace")
-            raise BuildError("auditwheel repair failed", log=log, first_error=first_error(text) or text.strip().splitlines()[-1])
+            raise BuildError(
+                "auditwheel repair failed", log=log, first_error=first_error(text) or text.strip().splitlines()[-1]
+            )
         try:
             out.mkdir(parents=True, exist_ok=True)
             target = out / repaired[0].name

@@ -27,7 +27,9 @@ class SuiteResult:
     summary: list[str]  # one line per (dtype, variant): the counts
     failures: list[str]  # the first unexpected failure of each op; fixed and unexplained entries
     tail: str  # the verdict
-    counts: list[dict] = field(default_factory=list)  # {variant, dtype, pass, fail, mismatch, error, crash, hang, xfail, fixed, skip}
+    counts: list[dict] = field(
+        default_factory=list
+    )  # {variant, dtype, pass, fail, mismatch, error, crash, hang, xfail, fixed, skip}
     results: list[dict] = field(default_factory=list)  # {op, dtype, variant, status, detail, verdict, reason}
     log: Path | None = None
     notes: list[str] = field(default_factory=list)  # e.g. where --write-expected wrote
@@ -40,9 +42,17 @@ class SuiteResult:
         return next((c for c in self.counts if c["variant"] == variant and c["dtype"] == dtype), {})
 
 
-def run_suite(root: Path, *, runner: str | None = None, patterns: list[str] | None = None, dtypes: list[str] | None = None,
-              samples: int | None = None, workers: int | None = None, strict: bool = False,
-              write_expected: Path | None = None) -> SuiteResult:
+def run_suite(
+    root: Path,
+    *,
+    runner: str | None = None,
+    patterns: list[str] | None = None,
+    dtypes: list[str] | None = None,
+    samples: int | None = None,
+    workers: int | None = None,
+    strict: bool = False,
+    write_expected: Path | None = None,
+) -> SuiteResult:
     """Run the project's conformance suite; bad arguments raise UserError, a runner that did not
     finish raises TestFailure, failures found are in the result (exit_code 1). `runner`: the suite's
     runner in the project (Project.paths; default: where the installed template puts it)."""
@@ -76,7 +86,7 @@ def run_suite(root: Path, *, runner: str | None = None, patterns: list[str] | No
     proc = processes.logged(cmd, root, log, processes.test_env())
     text = log.read_text(errors="replace")
     if proc.returncode == 2:
-        errors = [ln[len("error: "):] for ln in text.splitlines() if ln.startswith("error: ")]
+        errors = [ln[len("error: ") :] for ln in text.splitlines() if ln.startswith("error: ")]
         raise UserError(errors[-1] if errors else f"the conformance suite refused its arguments (log: {log})")
     try:
         data = json.loads(report.read_text())
@@ -85,6 +95,13 @@ def run_suite(root: Path, *, runner: str | None = None, patterns: list[str] | No
         raise TestFailure(f"the conformance suite did not finish ({last[0][:200]})", log=log) from None
     notes = [ln for ln in text.splitlines() if re.match(r"wrote \d+ entries", ln)]
     return SuiteResult(
-        exit_code=data["exit_code"], head=data["head"], summary=data["summary"], failures=data["failures"],
-        tail=data["tail"], counts=data["counts"], results=data["results"], log=log, notes=notes,
+        exit_code=data["exit_code"],
+        head=data["head"],
+        summary=data["summary"],
+        failures=data["failures"],
+        tail=data["tail"],
+        counts=data["counts"],
+        results=data["results"],
+        log=log,
+        notes=notes,
     )

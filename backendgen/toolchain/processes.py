@@ -69,8 +69,9 @@ def logged(cmd: list[str], cwd: Path, log: Path, env: dict[str, str]) -> subproc
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
         # in a process group of its own, stopped with everything under it if this command is interrupted
-        proc = interrupt.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             phase="build:child")
+        proc = interrupt.run(
+            cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, phase="build:child"
+        )
     return proc
 
 

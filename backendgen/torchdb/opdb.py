@@ -42,7 +42,9 @@ def torch_info() -> TorchInfo:
     """Locate the installed torch and its torchgen without importing torch."""
     torch = installed_torch()
     if torch.torch_dir is None:
-        raise EnvironmentProblem(f"torch is not installed in this environment (pip install torch=={support.tested()[0]})")
+        raise EnvironmentProblem(
+            f"torch is not installed in this environment (pip install torch=={support.tested()[0]})"
+        )
     version = torch.version
     if version is None:
         raise EnvironmentProblem("torch is importable but has no package metadata; reinstall torch")
@@ -147,8 +149,11 @@ def return_item_kind(ctype) -> ReturnKind:
     from torchgen.api.types import BaseCType, MutRefCType, VectorCType, tensorT
 
     tensor = BaseCType(tensorT)
-    kinds = {tensor: ReturnKind.TENSOR, MutRefCType(tensor): ReturnKind.TENSOR_REF,
-             VectorCType(tensor): ReturnKind.TENSOR_LIST}
+    kinds = {
+        tensor: ReturnKind.TENSOR,
+        MutRefCType(tensor): ReturnKind.TENSOR_REF,
+        VectorCType(tensor): ReturnKind.TENSOR_LIST,
+    }
     if ctype in kinds:
         return kinds[ctype]
     return ReturnKind.OTHER_TENSOR if "Tensor" in ctype.cpp_type() else ReturnKind.VALUE
@@ -191,8 +196,12 @@ class Arg:
         """The Arg of a torchgen dispatcher `binding` and its schema argument (torchgen.model.Argument)."""
         ann = schema_arg.annotation if schema_arg is not None else None
         return cls(
-            name=binding.name, cpp_type=binding.type, schema_type=schema_type,
-            is_write=bool(ann is not None and ann.is_write), is_out=is_out, kind=arg_kind(binding.nctype.type),
+            name=binding.name,
+            cpp_type=binding.type,
+            schema_type=schema_type,
+            is_write=bool(ann is not None and ann.is_write),
+            is_out=is_out,
+            kind=arg_kind(binding.nctype.type),
             default=schema_arg.default if schema_arg is not None else None,
             alias_set=tuple(ann.alias_set) if ann is not None else (),
         )
@@ -252,8 +261,13 @@ class Op:
         kernel and it has no composite kernel (CUDA-only operators such as `_thnn_fused_lstm_cell`,
         sparse-only, quantized-only ones). A structured overload is judged by its delegate (`sin`
         runs through `sin.out`)."""
-        return (self.namespace == "aten" and not self.structured_delegate and "CPU" not in self.dispatch_keys
-                and not self.composite_implicit and not self.composite_explicit)
+        return (
+            self.namespace == "aten"
+            and not self.structured_delegate
+            and "CPU" not in self.dispatch_keys
+            and not self.composite_implicit
+            and not self.composite_explicit
+        )
 
     @property
     def qualified_schema(self) -> str:
@@ -385,8 +399,11 @@ class OpDB:
         self._bases: dict[str, list[str]] = {}
         self._delegating: dict[str, list[str]] = {}  # structured out= overload -> those that run through it
         for op in ops:
-            base, overload, delegate = ((op["base"], op["overload"], op["structured_delegate"]) if isinstance(op, dict)
-                                        else (op.base, op.overload, op.structured_delegate))
+            base, overload, delegate = (
+                (op["base"], op["overload"], op["structured_delegate"])
+                if isinstance(op, dict)
+                else (op.base, op.overload, op.structured_delegate)
+            )
             name = f"{base}.{overload}" if overload else base  # Op.name
             self._ops[name] = op
             self._bases.setdefault(base, []).append(name)
@@ -453,7 +470,7 @@ class OpDB:
     def close_matches(self, name: str, n: int = 5) -> list[str]:
         name = name.strip()[:200]
         if name.startswith("aten::"):
-            name = name[len("aten::"):]
+            name = name[len("aten::") :]
         base = name.split(".", 1)[0]
         hits = list(self._bases.get(base, []))
         if not hits:
@@ -499,16 +516,22 @@ def load_opdb(info: TorchInfo | None = None) -> OpDB:
     if path.is_file():
         try:
             ops = json.loads(path.read_text())["ops"]
-            if not all(isinstance(d, dict) and isinstance(d.get("base"), str) and isinstance(d.get("overload"), str)
-                       and "structured_delegate" in d for d in ops):
+            if not all(
+                isinstance(d, dict)
+                and isinstance(d.get("base"), str)
+                and isinstance(d.get("overload"), str)
+                and "structured_delegate" in d
+                for d in ops
+            ):
                 ops = None
         except (ValueError, KeyError, TypeError):
             ops = None  # a corrupt cache is rebuilt
     if ops is None:
         ops = _derive_ops(info)
         try:
-            write_atomic(path, json.dumps({"torch": info.version, "sha256": info.yaml_sha256,
-                                           "ops": [asdict(o) for o in ops]}))
+            write_atomic(
+                path, json.dumps({"torch": info.version, "sha256": info.yaml_sha256, "ops": [asdict(o) for o in ops]})
+            )
         except OSError:
             pass  # an unwritable cache only costs time
     db = OpDB(info, ops)

@@ -59,8 +59,10 @@ class Support:
         """One line for an untested torch; None for a tested one."""
         if self.tested:
             return None
-        return (f"torch {self.version} has not been tested with this backendgen (tested: {', '.join(tested())}); "
-                "proceeding — `backendgen check` reports what differs")
+        return (
+            f"torch {self.version} has not been tested with this backendgen (tested: {', '.join(tested())}); "
+            "proceeding — `backendgen check` reports what differs"
+        )
 
 
 def torch_support(version: str) -> Support:
@@ -68,7 +70,9 @@ def torch_support(version: str) -> Support:
     whose version cannot be read), else say whether it is one of the TESTED releases."""
     rel = release(version)
     if rel is None:
-        raise EnvironmentProblem(f"cannot read torch's version {version!r}; reinstall torch (pip install torch=={tested()[-1]})")
+        raise EnvironmentProblem(
+            f"cannot read torch's version {version!r}; reinstall torch (pip install torch=={tested()[-1]})"
+        )
     if rel < release(minimum()):
         raise EnvironmentProblem(
             f"torch {version} is older than {minimum()}, the oldest torch whose extension points the template uses; "
