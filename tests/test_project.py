@@ -8,6 +8,7 @@ import pytest
 from backendgen.plumbing.errors import LockedError, ProjectError
 from backendgen.project import history, manifest
 from backendgen.project.on_disk import METADATA_FILE, Project, Transaction
+from backendgen.project.record import Record, TorchTarget
 
 
 def test_rendered_project_metadata_records_everything(rendered_project):
@@ -106,7 +107,14 @@ def test_a_project_is_read_with_the_paths_of_its_own_template_version(monkeypatc
     try:
 
         def project(version):
-            return Project(tmp_path, {"template_version": version})
+            record = Record(
+                device="x",
+                package="torch_x",
+                dist_name="torch-x",
+                torch=TorchTarget(version="2.9.1"),
+                template_version=str(version),
+            )
+            return Project(tmp_path, record)
 
         assert project(8).registration_file == "csrc/old/registration.cpp"
         assert project(8).paths["model_tests"] == current.path("model_tests")

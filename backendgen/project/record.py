@@ -312,7 +312,7 @@ TOP_FIELDS = (
     F(
         "torch",
         Obj(
-            F("version", Str(_VERSION, what='a torch version, e.g. "2.13.0"')),
+            F("version", Str(_VERSION, what="a torch version, e.g. 2.9.1")),
             F("native_functions_sha256", Str(_HEX64, what="a lowercase hex SHA-256", nullable=True), required=False),
         ),
     ),
