@@ -3,8 +3,8 @@ write, build, test, then keep the change or roll every file back.
 
     with transaction.change(project) as change:      # lock; backendgen.json vs files vs built library
         ...gate and plan: raise before anything is written...
-        with change.writing(rep):                    # the project's transaction (`change.tx`)
-            change.tx.write(path, text)
+        with change.writing(rep) as tx:              # every file through the project's Transaction
+            tx.write(path, text)
         change.build_and_test(rep, tests=[...])      # a failure here puts every file back
 
 Leaving the block with an exception rolls back every file written through `change.tx` (and the built
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from backendgen.commands import consistency
@@ -39,7 +39,6 @@ class Change:
     built: bool = False
     tested: bool = False
     log: Path | None = None  # the tests' log
-    _listed: list[Path] = field(default_factory=list)
 
     def require_files(self, *, ignore: tuple[str, ...] = ()) -> None:
         """Refuse when a file the record names is gone (except those in `ignore`)."""
