@@ -2,7 +2,7 @@
 
 import pytest
 
-from backendgen.kinds import kernelgen, registration
+from backendgen.kinds import aten_kernel, kernelgen, registration
 from backendgen.plumbing.errors import CompositeOpError, UserError
 from backendgen.project import manifest
 from backendgen.torchdb.opdb import load_opdb
@@ -288,7 +288,7 @@ def test_projects_from_template_1_get_kernels_their_kernel_support_can_compile(d
 
 
 def test_structured_operators_without_a_native_out_form_fall_back_whole(db):
-    fallbacks = registration.fallback_registrations(db, {"aten::add.out", "aten::addr"}.__contains__)
+    fallbacks = aten_kernel.fallback_registrations(db, {"aten::add.out", "aten::addr"}.__contains__)
     assert "native_layer_norm" in fallbacks and "addr" not in fallbacks  # CPU kernel over the composite unless native
     assert {"mse_loss", "sin", "sin_", "mul.Tensor", "mul_.Tensor"} <= set(fallbacks)
     assert "add.Tensor" not in fallbacks and "add_.Tensor" not in fallbacks  # add.out is native: they use it

@@ -32,6 +32,7 @@ def test_programs_import_no_other_backendgen_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [
         "backendgen",
+        "backendgen.plumbing",  # the package: its __init__ imports nothing
         "backendgen.plumbing.files",
         "backendgen.programs",
         "backendgen.programs.probe",

@@ -116,9 +116,9 @@ class TorchVenvs:
         self.tools: Path | None = None
         ccache = _outer_ccache()
         if versions and ccache:
-            from backendgen.toolchain import build
+            from backendgen.toolchain import processes
 
-            build.ccache_dir()  # backendgen's compiler links to ccache, made by this environment's ccache
+            processes.ccache_dir()  # backendgen's compiler links to ccache, made by this environment's ccache
             self.tools = base / "tools"
             self.tools.mkdir()
             (self.tools / "ccache").symlink_to(ccache)

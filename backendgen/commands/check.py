@@ -25,15 +25,14 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backendgen import __version__
 from backendgen.kinds import registration, registry
+from backendgen.kinds.findings import Area, CheckReport, Kind, Severity
 from backendgen.kinds.kind import keyed
 from backendgen.plumbing.environment import installed_torch, subprocess_env
 from backendgen.plumbing.errors import EnvironmentProblem, ProjectError
-from backendgen.plumbing.textenum import TextEnum
 from backendgen.project import devmodule, manifest
 from backendgen.project.on_disk import Project
 from backendgen.project.record import TorchTarget
@@ -41,48 +40,6 @@ from backendgen.torchdb import support
 from backendgen.torchdb.drift import Drift, classify
 from backendgen.torchdb.opdb import OpDB, load_opdb
 
-
-class Severity(TextEnum):
-    """How bad a finding is: any error (or, with --strict, a warning) fails the check."""
-
-    OK = "ok"
-    INFO = "info"
-    WARNING = "warning"
-    ERROR = "error"
-
-
-class Area(TextEnum):
-    """The five areas of the module docstring."""
-
-    VERSIONS = "versions"
-    SCHEMA = "schema"
-    API = "api"
-    EXTENSION = "extension"
-    COVERAGE = "coverage"
-
-
-class Kind(TextEnum):
-    """What a finding is about (its detail's "kind"), for the code that reads findings back."""
-
-    ABI = "abi"
-    CRASH = "crash"
-    CUSTOM_SCHEMA = "custom_schema"
-    DANGLING = "dangling"
-    DEVICE_MODULE = "device_module"
-    LOAD = "load"
-    MISSING_FILE = "missing_file"
-    MISSING_KERNEL = "missing_kernel"
-    NEW_OVERLOADS = "new_overloads"
-    PROBE = "probe"
-    TESTED = "tested"
-    TOO_OLD = "too_old"
-    TORCH_MISMATCH = "torch_mismatch"
-    UNBUILT = "unbuilt"
-    UNTESTED = "untested"
-    # and a schema finding's drift.Drift (unchanged, schema_changed, signature_changed, removed)
-
-
-# What check itself needs of torch besides the template's extension points (the manifest's).
 PROBE_APIS = ("torch._C._dispatch_find_dangling_impls",)
 
 
@@ -90,60 +47,6 @@ def python_apis() -> list[str]:
     """The dotted torch names the probe looks up: the template's (per integration point) and check's own."""
     names = [n for point in manifest.load().integration_points for n in point.python_apis]
     return list(dict.fromkeys([*names, *PROBE_APIS]))
-
-
-@dataclass
-class Finding:
-    area: Area
-    severity: Severity
-    subject: str
-    message: str
-    detail: dict = field(default_factory=dict)
-
-
-@dataclass
-class CheckReport:
-    project: str
-    strict: bool
-    findings: list[Finding] = field(default_factory=list)
-    coverage: dict = field(default_factory=dict)
-    accepted: dict | None = None  # set by `check --accept` (api.check): what backendgen.json now records
-
-    def add(self, area: Area, severity: Severity, subject: str, message: str, **detail) -> None:
-        self.findings.append(Finding(area, severity, subject, message, detail))
-
-    def of(self, area: Area) -> list[Finding]:
-        return [f for f in self.findings if f.area == area]
-
-    @property
-    def errors(self) -> int:
-        return sum(f.severity is Severity.ERROR for f in self.findings)
-
-    @property
-    def warnings(self) -> int:
-        return sum(f.severity is Severity.WARNING for f in self.findings)
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.errors or (self.strict and self.warnings) else 0
-
-    @property
-    def verdict(self) -> str:
-        if self.exit_code:
-            return f"problems: {self.errors} error(s), {self.warnings} warning(s)"
-        return "ok" + (f" ({self.warnings} warning(s))" if self.warnings else "")
-
-    def to_json(self) -> dict:
-        return {
-            "project": self.project,
-            "verdict": self.verdict,
-            "exit_code": self.exit_code,
-            "errors": self.errors,
-            "warnings": self.warnings,
-            "findings": [asdict(f) for f in self.findings],
-            "coverage": self.coverage,
-            "accepted": self.accepted,
-        }
 
 
 def _expected_keys(project: Project) -> dict[str, list[str]]:

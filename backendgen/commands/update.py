@@ -40,7 +40,7 @@ from backendgen import __version__
 from backendgen.commands import transaction
 from backendgen.commands.transaction import check_no_other_backend
 from backendgen.kinds import registration, registry
-from backendgen.kinds.aten_carry import kernel_files
+from backendgen.kinds.aten_kernel import kernel_files
 from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
 from backendgen.plumbing.progress import Reporter

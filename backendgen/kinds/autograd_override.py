@@ -10,6 +10,7 @@ changed or that the installed torch removed.
 from __future__ import annotations
 
 from backendgen.kinds import kind, overrides
+from backendgen.kinds.findings import Area, Severity
 from backendgen.kinds.kind import Planned, Removal, Request
 from backendgen.kinds.own_op import needs_feature
 from backendgen.plumbing.errors import ProjectError
@@ -127,8 +128,6 @@ class AutogradOverrides:
         """Nothing: after add-op an override's backward is the team's to write; update leaves it."""
 
     def check(self, report, project: Project, db: OpDB, probed: dict | None) -> None:
-        from backendgen.commands.check import Area, Severity
-
         for r in project.autograd_overrides:
             op = db.get(r.op)
             if op is not None and op.qualified != r.op:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from backendgen.commands.check import CheckReport
+    from backendgen.kinds.findings import CheckReport
     from backendgen.project.on_disk import Project, Transaction
     from backendgen.torchdb.opdb import OpDB
 

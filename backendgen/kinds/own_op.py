@@ -9,6 +9,7 @@ in `check` a schema the installed torchgen types differently.
 from __future__ import annotations
 
 from backendgen.kinds import customop, kind
+from backendgen.kinds.findings import Area, Kind, Severity
 from backendgen.kinds.kind import Planned, Removal, Request
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_of
@@ -134,8 +135,6 @@ class OwnOperators:
     def check(self, report, project: Project, db: OpDB, probed: dict | None) -> None:
         """A schema the installed torchgen no longer parses or types differently; in the built library,
         every operator with all its kernels."""
-        from backendgen.commands.check import Area, Kind, Severity
-
         for r in project.custom_ops:
             if not r.signature:
                 continue

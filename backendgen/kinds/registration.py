@@ -30,7 +30,7 @@ def render(
     amp: list[tuple[str, str]] = (),
 ) -> str:
     """The file's text: one m.impl per generated kernel (`entries`: kernelgen.registration_entry), sorted
-    by operator, the CPU fallback registered by name for `fallbacks` (see fallback_registrations), the
+    by operator, the CPU fallback registered by name for `fallbacks` (kinds.aten_kernel.fallback_registrations), the
     backend's own operators (`custom`: customop.CustomOp), autograd overrides (`overrides`:
     overrides.Override) and the autocast table (`amp`: (operator, policy) pairs); then the seal."""
     entries = sorted(entries, key=lambda e: e["name"])
@@ -69,27 +69,6 @@ def render(
         )
     )
     return f"{text}{_SEAL}{sha256_text(text)}\n"
-
-
-def fallback_registrations(db: OpDB, is_native) -> list[str]:
-    """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
-    kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
-
-    - the functional and in-place overloads of structured operators whose out= overload is not
-      native. Otherwise PyTorch's default kernel for them allocates the result on the device and
-      calls the out= overload through the fallback, running the meta function twice and warning
-      where the CPU does not ("An output with one or more elements was resized");
-    - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
-      addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
-      numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
-      last-bit difference in the mean)."""
-    structured = [
-        name for out, names in db.structured_families().items() if not is_native(f"aten::{out}") for name in names
-    ]
-    composite = [
-        name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")
-    ]
-    return sorted(set(structured + composite))
 
 
 def is_pristine(text: str) -> bool:
