@@ -456,11 +456,18 @@ def meta_function(op: Op) -> str | None:
         return None
     symint = any("SymInt" in a.cpp_type for a in op.args)
     name = f"{op.root}{'_symint' if symint else ''}{suffix}"
-    headers = _aten_ops_headers()
-    header = headers / f"{op.root}_meta_dispatch.h" if headers is not None else None
-    if header is None or not header.is_file() or f" {name}(" not in header.read_text():
+    if f" {name}(" not in _meta_dispatch_header(op.root):
         return None
     return f"at::meta::{name}"
+
+
+@functools.cache
+def _meta_dispatch_header(root: str) -> str:
+    """The installed torch's ATen/ops/<root>_meta_dispatch.h ("" when it has none), read once per root:
+    every kernel render asks for it twice."""
+    headers = _aten_ops_headers()
+    header = headers / f"{root}_meta_dispatch.h" if headers is not None else None
+    return header.read_text() if header is not None and header.is_file() else ""
 
 
 def queued_body(op: Op) -> QueuedBody:
