@@ -239,7 +239,7 @@ def add_ops(
     every file back unless `keep_on_failure`."""
     if not names:
         raise UserError("name at least one operator, e.g. aten::mul.Tensor")
-    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     return add(
         project,
         names,
@@ -266,5 +266,5 @@ def remove_ops(
     of an upgrade, when the project does not build yet; `backendgen build` follows."""
     if not names:
         raise UserError("name at least one operator, e.g. aten::cholesky")
-    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     return remove(project, names, force=force, autograd=autograd)

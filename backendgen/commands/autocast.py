@@ -23,7 +23,7 @@ class AmpRow:
 
 def amp_list(project_dir: Path | None = None) -> list[AmpRow]:
     """The project's autocast table."""
-    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     amp.check_supported(project.template_version)
     return [
         AmpRow(f"aten::{name}", policy, amp.POLICIES[policy]) for name, policy in amp.entries(project.amp_table or {})
@@ -54,7 +54,7 @@ def amp_set(
     registration file, rebuild and run the table's test for that operator; on failure the project is
     left as it was."""
     rep = reporter or Reporter()
-    project = Project.find(project_dir) if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     amp.check_supported(project.template_version)
     policy = amp.check_policy(policy)
     with transaction.change(project) as change:

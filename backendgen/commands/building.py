@@ -27,7 +27,7 @@ def build_backend(
 ) -> BuildResult:
     """Rebuild a project after its sources changed; `full` always goes through setup.py."""
     rep = reporter or Reporter()
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     if test_it or not build.installed_from(project.root, project.dist_name):
         check_no_other_backend(project.dist_name)  # its tests, or the install, would break
     if test_it:
@@ -53,7 +53,7 @@ def build_wheel(
     """A wheel of the project for the installed torch, repaired to a manylinux tag (build.build_wheel),
     in `out` (default: the project's dist/). Its metadata requires exactly that torch."""
     rep = reporter or Reporter()
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     if "pinned_wheel" not in project.features:
         raise ProjectError(
             f"this project's template ({project.template_version}) does not pin torch in its wheel's metadata; "

@@ -525,7 +525,7 @@ def check(project_dir: Path | None = None, *, strict: bool = False, list_ops: bo
     operators that changed only in names (report.accepted says what; add-op works again)."""
     from backendgen.commands import transaction
 
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     if not accept:
         return check_project(project, strict=strict, list_ops=list_ops)
     with transaction.change(project, require_files=False, rebuilds=False) as change:

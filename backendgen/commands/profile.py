@@ -251,7 +251,7 @@ def profile(
     The script's output goes where this process's goes (`stdout_to_stderr`: its stdout to stderr,
     to keep stdout for a machine-readable report). A script that fails still gets its profile: its
     exit status is in the result."""
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     script = Path(script)
     if not script.exists():
         raise UserError(f"no such script: {script}")

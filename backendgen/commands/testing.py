@@ -74,7 +74,7 @@ def test_backend(
     from backendgen.toolchain import conformance
 
     rep = reporter or Reporter()
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     if build.extension_path(project.root, project.package) is None:
         raise ProjectError(f"{project.root} is not built yet; run backendgen build --project {project.root}")
     check_no_other_backend(project.dist_name)

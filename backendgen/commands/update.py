@@ -619,7 +619,7 @@ def update_project(
     from backendgen.commands.check import check_project
 
     rep = reporter or Reporter()
-    project = Project.find() if project_dir is None else Project.load(Path(project_dir))
+    project = Project.of(project_dir)
     result = UpdateResult(project.root, recorded_version(project), current_version(), dry_run=dry_run)
     kept = "the updated files were kept (--keep-on-failure); git diff shows them"
     with transaction.change(project, keep_on_failure=keep_on_failure, kept=kept) as change:

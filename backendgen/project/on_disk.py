@@ -170,6 +170,11 @@ class Project:
         )  # validated whole, once: nothing reads an unchecked value
 
     @classmethod
+    def of(cls, project_dir: Path | None) -> Project:
+        """The project a command was pointed at (`--project DIR`), or the one containing the current directory."""
+        return cls.find() if project_dir is None else cls.load(Path(project_dir))
+
+    @classmethod
     def find(cls, start: Path | None = None) -> Project:
         """The project containing `start` (default: the current directory)."""
         start = Path(start or Path.cwd()).resolve()
