@@ -9,4 +9,7 @@ namespace {{ cookiecutter.device }}::distributed {
 // keeps t's storage alive; waits for t's device's current stream first.
 at::Tensor host_view(const at::Tensor& t);
 
+// Whether host_view is possible: the driver's host_mapping capability (driver.h).
+bool has_host_views();
+
 }  // namespace {{ cookiecutter.device }}::distributed

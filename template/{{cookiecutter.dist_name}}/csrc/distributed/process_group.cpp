@@ -7,11 +7,12 @@
 // ProcessGroupWrapper (collective fingerprints checked on every rank) as it wraps NCCL.
 //
 // How it is built: every collective on device tensors is handed, as one call, to `transport_` —
-// here a ProcessGroupGloo of its own, given host views of the device tensors (the emulated
-// device's memory is host memory, so gloo reads and writes it in place; host_memory.cpp). A view
-// waits for the current stream first, so the collective sees the work queued before it. Tensors
-// gloo cannot take as they are (non-contiguous) are staged through a contiguous device copy,
-// copied back when the collective completes; ReduceOp.AVG runs as SUM and divides afterwards.
+// here a ProcessGroupGloo of its own, given host views of the device tensors when the driver has
+// the host_mapping capability (gloo then reads and writes device memory in place; host_memory.cpp),
+// else host copies made with the driver's copies and copied back when the collective completes.
+// A view waits for the current stream first, so the collective sees the work queued before it.
+// Tensors gloo cannot take as they are (non-contiguous) are staged through a contiguous device
+// copy, copied back when the collective completes; ReduceOp.AVG runs as SUM and divides afterwards.
 // `DeviceWork` is the Work the caller gets: wait(), the future DDP uses, result().
 //
 // What a hardware team replaces: the calls on `transport_` (one per collective in this file) with
@@ -146,6 +147,12 @@ class Staging {
     TORCH_CHECK(!device_ || *device_ == t.device(), kName, ": every tensor of a collective must be on one ",
                 "{{ cookiecutter.device }} device, got ", *device_, " and ", t.device());
     device_ = t.device();
+    if (!has_host_views()) {  // no host address for device memory: a host copy, copied back after
+      at::Tensor host = t.to(c10::Device(c10::DeviceType::CPU), /*non_blocking=*/false, /*copy=*/true,
+                             c10::MemoryFormat::Contiguous);
+      copy_back_.emplace_back(t, host);
+      return host;
+    }
     if (t.is_contiguous()) return host_view(t);
     at::Tensor copy = t.contiguous();
     copy_back_.emplace_back(t, copy);
@@ -170,8 +177,8 @@ class Staging {
     std::function<void()> finish;
     if (!copy_back_.empty() || !divide.empty()) {
       finish = [copy_back = std::move(copy_back_), divide = std::move(divide), size] {
+        for (const auto& [original, copy] : copy_back) original.copy_(copy);  // then AVG divides the result
         for (const auto& t : divide) t.div_(size);
-        for (const auto& [original, copy] : copy_back) original.copy_(copy);
       };
     }
     return c10::make_intrusive<DeviceWork>(std::move(inner), device_, std::move(result), std::move(finish), type);

@@ -1,16 +1,17 @@
-// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest), and
-// of emulator.h's memory calls, which a hardware team deletes with this file.
+// Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest), with
+// every optional capability: host_mapping and memory_limit here, the others in streams.cpp.
 //
 // Device memory is host memory that the host cannot touch by accident. Each driver allocation is a
 // memory file mapped twice: the device address handed out is mapped with no access at all (a
 // kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
-// real accelerator), and a second, read-write mapping is what emulator::host_address returns to
+// real accelerator), and a second, read-write mapping is what driver::host_address (host_mapping) returns to
 // the driver and to the kernels it runs. The emulator also keeps the table of live allocations
 // (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
 // 512M or 16G) and a current device per thread.
 //
 // What a hardware team replaces: this whole file, with calls into its SDK (device memory, pinned
-// host memory, device properties). No torch headers here.
+// host memory, device properties) — or starts from the minimal driver (`backendgen new NAME
+// --driver minimal`), which implements the port API alone. No torch headers here.
 #include "driver/driver.h"
 
 #include <sys/mman.h>
@@ -142,6 +143,7 @@ const char* status_string(Status s) {
     case Status::forked:
       return "the device was initialised before fork(); use the 'spawn' multiprocessing start method";
     case Status::launch_failed: return last_launch_error();
+    case Status::not_supported: return "not supported by this driver";
   }
   return "unknown status";
 }
@@ -280,7 +282,7 @@ bool is_host_pinned(const void* ptr) {
 
 }  // namespace {{ cookiecutter.device }}::driver
 
-// emulator.h: the emulator's own memory and fork calls
+// emulator.h: the emulator's own fork bookkeeping (streams.cpp asks it too)
 namespace {{ cookiecutter.device }}::emulator {
 
 bool in_bad_fork() { return driver::memory().bad_fork; }
@@ -290,20 +292,38 @@ void mark_forked() {
   if (s.initialized) s.bad_fork = true;
 }
 
+}  // namespace {{ cookiecutter.device }}::emulator
+
+// driver.h's optional capabilities: the emulator has them all.
+namespace {{ cookiecutter.device }}::driver {
+
+bool has(Capability) { return true; }
+
+const char* capability_name(Capability capability) {
+  switch (capability) {
+    case Capability::host_mapping: return "host_mapping";
+    case Capability::host_tasks: return "host_tasks";
+    case Capability::spin: return "spin";
+    case Capability::memory_limit: return "memory_limit";
+    case Capability::tracing: return "tracing";
+  }
+  return "unknown";
+}
+
 void* host_address(const void* ptr) {
-  driver::MemoryState& s = driver::memory();
+  MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
-  const auto* entry = driver::find(ptr);
+  const auto* entry = find(ptr);
   if (entry == nullptr) return nullptr;
   return entry->second.host + (static_cast<const char*>(ptr) - entry->first);
 }
 
-Status set_mem_limit(int device, size_t bytes) {
-  if (!driver::valid(device)) return Status::invalid_device;
-  driver::MemoryState& s = driver::memory();
+Status set_memory_limit(int device, size_t bytes) {
+  if (!valid(device)) return Status::invalid_device;
+  MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
   s.limit[device] = bytes;
   return Status::ok;
 }
 
-}  // namespace {{ cookiecutter.device }}::emulator
+}  // namespace {{ cookiecutter.device }}::driver

@@ -1,27 +1,22 @@
 // The device driver API of the {{ cookiecutter.device }} backend — THE seam a hardware team replaces.
 //
-// Everything above this file (allocators, guard, hooks, kernels) talks to the device only through
-// these functions: the port API, shaped like CUDA's runtime (devices, memory, copies, pinned host
-// memory, streams, events, activity tracing). A hardware team re-implements exactly this header
-// on its SDK and keeps the rest of the backend.
+// Everything above this file (allocators, guard, hooks, kernels, collectives, torch.compile's
+// kernels) talks to the device only through these functions, and no file outside csrc/driver
+// includes any other driver header. The API is shaped like CUDA's runtime: devices, memory, copies,
+// pinned host memory, streams, events, activity tracing. A hardware team implements exactly this
+// header on its SDK (docs/porting.md) and keeps the rest of the backend.
 //
-// Here they are implemented by an emulator (driver.cpp, streams.cpp) that behaves like an
-// asynchronous accelerator, so that lifetime and ordering bugs show up on a CPU machine:
-//   - each stream runs its work (kernels, copies, event records, waits) in order on a worker
-//     thread of its own; launching returns at once, and only the synchronize calls, event
-//     queries and blocking copies tell the host that the work is done;
-//   - device memory is host memory the host cannot touch by accident: the address a device
-//     allocation returns is mapped with no access, and only the driver (and kernels it runs)
-//     reaches the bytes through a second mapping;
-//   - events complete when their stream reaches them, and a stream that waits on an event does
-//     not run past the wait until the event completes.
-// The emulator's own calls — those that exist only because device memory is host memory and
-// kernels are host code (host addresses, queuing host code on a stream, test aids) — are not
-// here but in emulator.h, which a hardware team deletes with driver.cpp and streams.cpp.
+// The port API (everything up to "Optional capabilities") is what every driver must implement.
+// The optional capabilities below it are what a driver may have: the backend asks has() and uses
+// one only where the driver has it. Without host_mapping — device memory the host cannot address,
+// as on a discrete accelerator — every kernel stages its device memory through memcpy
+// (aten/kernel_support.cpp); without the others, the generated tests that need them skip and name
+// the capability.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +30,7 @@ enum class Status : int {
   not_ready,
   forked,         // the device was initialised before fork(); the child cannot use it
   launch_failed,  // queued work failed; reported by the next call that waits for the stream
+  not_supported,  // an optional capability (below) the driver does not have
 };
 const char* status_string(Status s);
 const char* last_launch_error();  // what the failed work reported
@@ -51,14 +47,14 @@ Status device_synchronize(int device);  // waits for the work of every stream of
 
 struct DeviceProperties {
   std::string name;
-  int major = 0, minor = 0;  // compute capability of the emulated device
+  int major = 0, minor = 0;  // the device's compute capability (torch.<device>.get_device_capability)
   size_t total_memory = 0;
   int multi_processor_count = 0;
 };
 Status get_device_properties(int device, DeviceProperties* props);
 
-// Device memory. Driver allocations are page-granular and slow (two mappings each): the device
-// allocator above caches them.
+// Device memory. Driver allocations may be slow (a page-granular mapping, an SDK call): the device
+// allocator above caches them. A device address need not be readable by the host.
 Status malloc(int device, void** ptr, size_t bytes);
 Status free(void* ptr, int* device = nullptr, size_t* bytes = nullptr);  // reports what was freed
 // Synchronous copy: ordered after all work queued on (device, stream), returns when done.
@@ -90,10 +86,10 @@ Status event_query(void* event);  // ok once the stream has passed the record, e
 Status event_synchronize(void* event);
 Status event_elapsed_ms(float* ms, void* start, void* end);
 
-// Profiling: while tracing is on, the driver records every kernel, copy and sleep (the emulator's
-// test aid, emulator.h) it runs.
+// Profiling: while tracing is on, a driver with the tracing capability records every kernel, copy
+// and spin it runs; one without it records nothing (take_activities() is empty).
 struct Activity {
-  enum Kind : int { kernel, memcpy, sleep } kind = kernel;
+  enum Kind : int { kernel, memcpy, spin } kind = kernel;
   std::string name;
   int device = 0;
   int64_t stream = 0;
@@ -104,5 +100,39 @@ void set_tracing(bool on);
 std::vector<Activity> take_activities();
 void set_correlation(uint64_t id);  // per thread: tags the launches that follow
 int64_t now_ns();                   // the clock of Activity times
+
+// ---- Optional capabilities -------------------------------------------------------------------------
+// A driver reports which it has; calling one it lacks returns Status::not_supported (host_address:
+// nullptr). The backend checks has() first, so a driver may leave every one out.
+enum class Capability : int {
+  host_mapping,  // host_address: device memory the host can address (unified or integrated memory)
+  host_tasks,    // launch_host, hold_stream/release_stream: host code run in a stream's order
+  spin,          // spin: work that keeps a stream busy (a test aid, torch.{{ cookiecutter.device }}._sleep)
+  memory_limit,  // set_memory_limit: caps a device's memory (torch.{{ cookiecutter.device }}.set_memory_limit)
+  tracing,       // set_tracing records activities (the profiler's device timeline)
+};
+constexpr Capability kCapabilities[] = {Capability::host_mapping, Capability::host_tasks, Capability::spin,
+                                        Capability::memory_limit, Capability::tracing};
+bool has(Capability capability);
+const char* capability_name(Capability capability);  // "host_mapping", ...
+
+// host_mapping: the host address of device address `ptr` (any address inside an allocation), or
+// nullptr if ptr is not device memory. Host code may read and write the bytes there, in stream order.
+void* host_address(const void* ptr);
+
+// host_tasks: launch_host queues `work` (host code) on the stream and returns; it runs when the
+// stream reaches it, and an exception it throws is reported, with `name`, by the next call that
+// waits for the stream (Status::launch_failed, last_launch_error). hold_stream waits for the
+// stream's queued work and holds the stream for host code on the calling thread (work launched
+// meanwhile queues behind it) until release_stream; re-entrant on one thread, always paired.
+Status launch_host(int device, int64_t stream, const char* name, std::function<void()> work);
+Status hold_stream(int device, int64_t stream);
+void release_stream(int device, int64_t stream, const char* name = nullptr);
+
+// spin: queues work that keeps the stream busy for `microseconds` (like torch.cuda._sleep).
+Status spin(int device, int64_t stream, int64_t microseconds);
+
+// memory_limit: the device's capacity from now on (malloc fails past it).
+Status set_memory_limit(int device, size_t bytes);
 
 }  // namespace {{ cookiecutter.device }}::driver

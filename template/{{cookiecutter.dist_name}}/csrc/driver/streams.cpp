@@ -1,6 +1,5 @@
-// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing, and of
-// emulator.h's stream calls (launch, run_blocking, enter/leave_stream, sleep), which a hardware
-// team deletes with this file.
+// Emulated implementation of driver.h, part 2: streams, events, queued work and tracing, with the
+// optional capabilities host_tasks (launch_host, hold_stream/release_stream), spin and tracing.
 //
 // Each device has one worker thread, its "hardware". Work launched on a stream (kernels, copies,
 // event records, waits on events, sleeps) joins the stream's queue and returns at once; the worker
@@ -10,7 +9,7 @@
 // another's writes without a wait, and the host sees the device's writes only after a
 // synchronize. Work that must finish before the host goes on (blocking copies, kernels whose
 // outputs the host needs) runs on the calling thread once the stream has drained
-// (emulator::enter_stream/leave_stream, run_blocking) — still the stream's next item, so ordering
+// (hold_stream/release_stream, run_blocking) — still the stream's next item, so ordering
 // holds.
 //
 // What a hardware team replaces: this whole file, with the SDK's streams, events and launches; the
@@ -214,7 +213,7 @@ void worker(int device) {
             st->sleep_start_ns = now_ns();
           }
           if (now >= st->wake) {
-            if (s.tracing) trace(s, Activity::sleep, "sleep", device, st->id, st->sleep_start_ns, now_ns(), head.correlation);
+            if (s.tracing) trace(s, Activity::spin, "sleep", device, st->id, st->sleep_start_ns, now_ns(), head.correlation);
             st->sleeping = false;
             st->queue.pop_front();
             progressed = true;
@@ -429,8 +428,8 @@ Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int devic
   if (bytes == 0) return Status::ok;
   if (dst == nullptr || src == nullptr) return Status::invalid_value;
   if (device < 0) get_device(&device);
-  void* d = emulator::host_address(dst);
-  const void* h = emulator::host_address(src);
+  void* d = host_address(dst);
+  const void* h = host_address(src);
   if (kind == CopyKind::host_to_host) {  // no device involved: nothing to order against
     std::memmove(dst, src, bytes);
     return Status::ok;
@@ -448,8 +447,8 @@ Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int devic
 Status memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, int device, int64_t stream) {
   if (bytes == 0) return Status::ok;
   if (dst == nullptr || src == nullptr) return Status::invalid_value;
-  void* d = emulator::host_address(dst);
-  const void* h = emulator::host_address(src);
+  void* d = host_address(dst);
+  const void* h = host_address(src);
   char* to = static_cast<char*>(d != nullptr ? d : dst);
   const char* from = static_cast<const char*>(h != nullptr ? h : src);
   Item item;
@@ -534,20 +533,21 @@ void set_correlation(uint64_t id) { correlation_id = id; }
 
 }  // namespace {{ cookiecutter.device }}::driver
 
-// emulator.h: queuing host code on a stream, running it in stream order, the sleep test aid
-namespace {{ cookiecutter.device }}::emulator {
+// driver.h's optional capabilities host_tasks and spin: host code queued on a stream or run in its
+// order, and the spin test aid
+namespace {{ cookiecutter.device }}::driver {
 
-using namespace driver::streams_impl;
+using namespace streams_impl;
 
-Status launch(int device, int64_t stream, const char* name, std::function<void()> work) {
+Status launch_host(int device, int64_t stream, const char* name, std::function<void()> work) {
   Item item;
   item.name = name;
   item.fn = std::move(work);
   return enqueue(device, stream, std::move(item));
 }
 
-Status enter_stream(int device, int64_t stream) {
-  if (in_bad_fork()) return Status::forked;
+Status hold_stream(int device, int64_t stream) {
+  if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
@@ -561,11 +561,11 @@ Status enter_stream(int device, int64_t stream) {
   if (failure != Status::ok) return failure;
   st->held = 1;
   st->holder = std::this_thread::get_id();
-  if (s.tracing) st->held_since_ns = driver::now_ns();
+  if (s.tracing) st->held_since_ns = now_ns();
   return Status::ok;
 }
 
-void leave_stream(int device, int64_t stream, const char* name) {
+void release_stream(int device, int64_t stream, const char* name) {
   if (!valid_device(device)) return;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -573,32 +573,42 @@ void leave_stream(int device, int64_t stream, const char* name) {
   if (!st->held_by_me()) return;
   if (--st->held > 0) return;
   if (s.tracing && name != nullptr && st->held_since_ns != 0) {
-    trace(s, driver::Activity::kernel, name, device, stream, st->held_since_ns, driver::now_ns(), correlation_id);
+    trace(s, Activity::kernel, name, device, stream, st->held_since_ns, now_ns(), correlation_id);
   }
   st->held_since_ns = 0;
   notify(s);
 }
 
+}  // namespace {{ cookiecutter.device }}::driver
+
+namespace {{ cookiecutter.device }}::emulator {
+
 Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work) {
-  Status entered = enter_stream(device, stream);
+  Status entered = driver::hold_stream(device, stream);
   if (entered != Status::ok) return entered;
   try {
     work();
   } catch (...) {
-    leave_stream(device, stream, name);
+    driver::release_stream(device, stream, name);
     throw;
   }
-  leave_stream(device, stream, name);
+  driver::release_stream(device, stream, name);
   return Status::ok;
 }
 
-Status sleep(int device, int64_t stream, int64_t microseconds) {
+}  // namespace {{ cookiecutter.device }}::emulator
+
+namespace {{ cookiecutter.device }}::driver {
+
+using namespace streams_impl;
+
+Status spin(int device, int64_t stream, int64_t microseconds) {
   Item item;
   item.kind = Item::sleep;
-  item.activity = driver::Activity::sleep;
-  item.name = "sleep";
+  item.activity = Activity::spin;
+  item.name = "sleep";  // what the profiler shows (test_profiler)
   item.us = std::max<int64_t>(microseconds, 0);
   return enqueue(device, stream, std::move(item));
 }
 
-}  // namespace {{ cookiecutter.device }}::emulator
+}  // namespace {{ cookiecutter.device }}::driver

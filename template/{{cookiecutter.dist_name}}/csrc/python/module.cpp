@@ -5,9 +5,9 @@
 // backend is registered by static initialisers when this library loads; functions that take
 // tensors are custom operators (torch.ops.{{ cookiecutter.package }}.*, see aten/serialization.cpp),
 // which need no Python binding at all. What a hardware team replaces: nothing, unless it exposes
-// more of its SDK to Python (add a function and a line in kMethods). Two test aids call the
-// emulator (driver/emulator.h): sleep becomes a spin kernel on the SDK, set_memory_limit the SDK's
-// own limit (or goes).
+// more of its SDK to Python (add a function and a line in kMethods). Two test aids use optional
+// capabilities of the driver (driver.h): sleep needs `spin`, set_memory_limit `memory_limit`;
+// capabilities() tells Python which the driver has, so tests that need one skip without it.
 #include <Python.h>
 #include <ATen/Context.h>
 #include <torch/csrc/Event.h>
@@ -17,7 +17,7 @@
 #include <exception>
 
 #include "aten/fallback.h"
-#include "driver/emulator.h"
+#include "driver/driver.h"
 #include "runtime/generator.h"
 #include "runtime/runtime.h"
 
@@ -110,9 +110,27 @@ PyObject* sleep(PyObject*, PyObject* arg) {
   if (us == -1 && PyErr_Occurred()) return nullptr;
   return guarded([&] {
     const c10::DeviceIndex index = dev::runtime::current_device();
-    {{ cookiecutter.DEVICE }}_CHECK(dev::emulator::sleep(index, dev::runtime::current_stream_id(index), us));
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::spin(index, dev::runtime::current_stream_id(index), us));
     Py_RETURN_NONE;
   });
+}
+
+// The driver's optional capabilities (driver.h), as a tuple of names.
+PyObject* capabilities(PyObject*, PyObject*) {
+  namespace driver = dev::driver;
+  PyObject* names = PyTuple_New(0);
+  if (names == nullptr) return nullptr;
+  for (driver::Capability c : driver::kCapabilities) {
+    if (!driver::has(c)) continue;
+    PyObject* name = PyUnicode_FromString(driver::capability_name(c));
+    if (name == nullptr || _PyTuple_Resize(&names, PyTuple_GET_SIZE(names) + 1) != 0) {
+      Py_XDECREF(name);
+      Py_XDECREF(names);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(names, PyTuple_GET_SIZE(names) - 1, name);
+  }
+  return names;
 }
 
 // PyTorch's flag, set in a child forked after the device was initialised (runtime/hooks.cpp
@@ -183,7 +201,7 @@ PyObject* set_memory_limit(PyObject*, PyObject* args) {
   c10::DeviceIndex index;
   if (!device_arg(device, &index)) return nullptr;
   return guarded([&] {
-    {{ cookiecutter.DEVICE }}_CHECK(dev::emulator::set_mem_limit(index, static_cast<size_t>(bytes)));
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::set_memory_limit(index, static_cast<size_t>(bytes)));
     Py_RETURN_NONE;
   });
 }
@@ -252,6 +270,7 @@ PyMethodDef kMethods[] = {
     {"exchange_device", exchange_device, METH_O, "Make a device current (negative: none); return the previous."},
     {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
     {"sleep", sleep, METH_O, "Keep the current stream busy for a number of microseconds (test aid)."},
+    {"capabilities", capabilities, METH_NOARGS, "The driver's optional capabilities (names, driver.h)."},
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
     {"lazy_init", lazy_init, METH_NOARGS, "Initialise the device runtime (once per process)."},
     {"is_initialized", is_initialized, METH_NOARGS, "Whether the device runtime was initialised."},
