@@ -97,7 +97,7 @@ def get_device_name(device=None) -> str:
 
 
 def get_device_capability(device=None) -> str:
-    """A code generator's target name for the device ("" on the emulated device: no variants)."""
+    """A code generator's target name for the device ("" here: no variants)."""
     _index(device)
     return ""
 
@@ -204,8 +204,25 @@ def stream(stream: torch.Stream | None):
 
 def _sleep(microseconds: int) -> None:
     """Queue work that keeps the current stream busy for `microseconds` (a test aid, like
-    torch.cuda._sleep): what follows on the stream waits, the host does not."""
+    torch.cuda._sleep): what follows on the stream waits, the host does not. Needs the driver's
+    "spin" capability."""
+    _require("spin", "_sleep")
     _C.sleep(int(microseconds))
+
+
+def capabilities() -> frozenset[str]:
+    """The driver's optional capabilities (csrc/driver/driver.h): any of "host_mapping",
+    "host_tasks", "spin", "memory_limit" and "tracing". A test aid or feature that needs one
+    raises, or its test skips, naming it when the driver lacks it."""
+    return frozenset(_C.capabilities())
+
+
+def _require(capability: str, what: str) -> None:
+    if capability not in capabilities():
+        raise RuntimeError(
+            f"{what} needs the {{ cookiecutter.device }} driver's '{capability}' capability (csrc/driver/driver.h), "
+            "which this driver does not have"
+        )
 
 
 def _is_in_bad_fork() -> bool:
@@ -318,8 +335,11 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 
 def set_memory_limit(nbytes: int, device=None) -> None:
-    """Set the emulated device's capacity (also: {{ cookiecutter.DEVICE }}_MEMORY_LIMIT=16G)."""
-    _C.set_memory_limit(_index(device), int(nbytes))
+    """Set the device's capacity (also: {{ cookiecutter.DEVICE }}_MEMORY_LIMIT=16G). Needs the driver's
+    "memory_limit" capability."""
+    index = _index(device)
+    _require("memory_limit", "set_memory_limit")
+    _C.set_memory_limit(index, int(nbytes))
 
 
 # --- the CPU fallback -------------------------------------------------------------------------
@@ -359,6 +379,13 @@ def _inductor_backend_init() -> None:
     """Inductor's hook for a PrivateUse1 backend (torch 2.15 and later call it when they set up
     their backends): importing compiler/inductor.py registers the code generator."""
     from {{ cookiecutter.package }}.compiler import inductor  # noqa: F401
+
+
+def _call_staged(kernel, args) -> None:
+    """What torch.compile's wrapper calls for a fused kernel when the driver has no host_mapping."""
+    from {{ cookiecutter.package }}.compiler.inductor import call_staged
+
+    call_staged(kernel, args)
 
 
 def __getattr__(name: str):

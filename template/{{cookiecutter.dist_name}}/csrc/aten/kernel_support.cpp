@@ -1,11 +1,20 @@
-// Implementation of kernel_support.h: zero-copy host views of {{ cookiecutter.device }} memory,
-// device checks and output allocation for kernels.
+// Implementation of kernel_support.h: host views of {{ cookiecutter.device }} memory for kernels, device checks,
+// output allocation and the launch. Everything here reaches the device through driver.h alone.
 //
-// What a hardware team replaces: host_alias only works because the emulated device memory is host
-// memory (emulator::host_address), and launch and StreamScope queue host code on the emulator's
-// streams (driver/emulator.h: this file is one of the few that include it). With real device
-// memory, kernels launch SDK work on device pointers instead, and the minimal ops (_copy_from)
-// move bytes with driver::memcpy. common_device, empty_device and StreamScope stay.
+// How a kernel's host code sees device memory depends on the driver's optional capabilities
+// (driver.h):
+//   - host_mapping (the default driver has it): a host alias is a CPU tensor over the driver's host
+//     address of the device bytes — no copy; queued work (host_tasks) runs on the stream's worker.
+//   - no host_mapping (the minimal driver, a discrete chip): kernels are staged, as the CPU
+//     fallback is. A kernel body runs on the calling thread, in order on its stream, inside a
+//     staging scope (StreamScope, or launch's): the first host alias of a device storage in the
+//     scope copies the storage to host memory with driver::memcpy, every alias of that storage in
+//     the scope shares the copy, and when the scope ends each copy the body changed goes back with
+//     driver::memcpy. Outside a scope a host alias carries geometry only (view kernels compute
+//     views on it and never read it): its address is the device address, so a kernel that reads it
+//     outside a scope crashes, as host code reading device memory does on a chip.
+// So the same kernel files run on both drivers, and the staging is what a team's kernels drop as
+// they become SDK launches on device pointers.
 #include "aten/kernel_support.h"
 
 #include <ATen/EmptyTensor.h>
@@ -17,23 +26,133 @@
 
 #include <array>
 #include <cstring>
+#include <exception>
+#include <unordered_map>
+#include <vector>
 
-#include "driver/emulator.h"
+#include "driver/driver.h"
 #include "runtime/runtime.h"
 
 namespace {{ cookiecutter.device }}::kernels {
 
+bool host_mapped() {
+  static const bool mapped = driver::has(driver::Capability::host_mapping);
+  return mapped;
+}
+
 namespace {
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1; }
 
-// The host address of a device storage's bytes (the driver's mapping; the device address itself
-// is not accessible from the host).
-void* host_bytes(const c10::Storage& st) {
-  if (st.data() == nullptr) return nullptr;
-  void* host = emulator::host_address(st.data());
-  TORCH_CHECK(host != nullptr, "{{ cookiecutter.device }}: a device tensor's storage is not device memory");
-  return host;
+bool has_host_tasks() {
+  static const bool tasks = driver::has(driver::Capability::host_tasks);
+  return tasks;
 }
+
+}  // namespace
+
+namespace detail {
+
+// ---- staging (drivers without host_mapping) ------------------------------------------------------
+// One scope per thread at a time (nested scopes join the outermost): the host copies of the device
+// storages its body touched, by device address.
+class Staging {
+ public:
+  Staging(int device, int64_t stream) : device_(device), stream_(stream) {}
+
+  // The host copy of the `nbytes` of device memory at `memory` (made on first use in this scope).
+  void* host_copy(const void* memory, size_t nbytes, const c10::Storage* keep) {
+    auto it = copies_.find(memory);
+    if (it != copies_.end() && it->second.nbytes >= nbytes) return it->second.host.data();
+    Copy& c = copies_[memory];
+    c.device = memory;
+    c.nbytes = nbytes;
+    c.host.assign(nbytes, 0);
+    if (keep != nullptr) c.storage = *keep;
+    const int owner = driver::pointer_device(memory);
+    c.where = owner >= 0 ? owner : device_;
+    if (nbytes > 0) {
+      {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(c.host.data(), memory, nbytes, driver::CopyKind::device_to_host, c.where,
+                                                     stream_of(c.where)));
+    }
+    c.before = c.host;
+    return c.host.data();
+  }
+
+  // Every copy the body changed goes back to its device memory (still the storage's: a storage
+  // the body grew has new memory, and its old copy is dropped).
+  void copy_back() {
+    for (auto& [memory, c] : copies_) {
+      if (c.nbytes == 0 || c.host == c.before) continue;
+      if (c.storage.has_value() && c.storage->data() != memory) continue;
+      {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(const_cast<void*>(memory), c.host.data(), c.nbytes,
+                                                     driver::CopyKind::host_to_device, c.where, stream_of(c.where)));
+    }
+    copies_.clear();
+  }
+
+ private:
+  struct Copy {
+    const void* device = nullptr;
+    size_t nbytes = 0;
+    int where = 0;
+    std::vector<char> host, before;
+    std::optional<c10::Storage> storage;  // keeps a storage's memory while the scope uses it
+  };
+  int64_t stream_of(int where) const {
+    return where == device_ ? stream_ : runtime::current_stream_id(static_cast<c10::DeviceIndex>(where));
+  }
+  int device_;
+  int64_t stream_;
+  std::unordered_map<const void*, Copy> copies_;
+};
+
+thread_local Staging* staging = nullptr;  // the calling thread's open scope, if any
+thread_local int staging_depth = 0;
+
+// Opens a staging scope on the calling thread (or joins the open one); the outermost copies back.
+class StagingScope {
+ public:
+  StagingScope(int device, int64_t stream) {
+    if (staging_depth++ == 0) {
+      own_.emplace(device, stream);
+      staging = &*own_;
+    }
+  }
+  // Copies back unless the body threw (a failed kernel's outputs are undefined, as on a chip).
+  void finish() {
+    if (own_.has_value() && std::uncaught_exceptions() == 0) own_->copy_back();
+  }
+  ~StagingScope() {
+    if (--staging_depth == 0) staging = nullptr;
+  }
+  StagingScope(const StagingScope&) = delete;
+  StagingScope& operator=(const StagingScope&) = delete;
+
+ private:
+  std::optional<Staging> own_;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::staging;
+
+// The host address of device memory for a host alias: the driver's mapping; without one, the
+// open staging scope's copy; outside a scope, the device address itself (geometry only).
+void* host_memory(const void* memory, size_t nbytes, const c10::Storage* keep) {
+  if (memory == nullptr) return nullptr;
+  if (host_mapped()) {
+    void* host = driver::host_address(memory);
+    TORCH_CHECK(host != nullptr, "{{ cookiecutter.device }}: a device tensor's storage is not device memory");
+    return host;
+  }
+  if (staging != nullptr) return staging->host_copy(memory, nbytes, keep);
+  return const_cast<void*>(memory);
+}
+
+// The host address of a device storage's bytes (see host_memory).
+void* host_bytes(const c10::Storage& st) { return host_memory(st.data(), st.nbytes(), &st); }
 
 // What a host alias is made of: the host address of a device storage's bytes and a tensor's
 // geometry on them.
@@ -169,6 +288,8 @@ void write_back(const at::Tensor& device_out, const at::Tensor& host_out) {
       at::detail::computeStorageNbytes(host_out.sizes(), host_out.strides(), itemsize, device_out.storage_offset());
   grow_storage(device_out.storage(), needed, device_out.device());
   d->set_sizes_and_strides(host_out.sizes(), host_out.strides(), device_out.storage_offset());
+  std::optional<StreamScope> staged;  // inside the kernel's scope already, as a rule
+  if (!host_mapped() && detail::staging == nullptr) staged.emplace(device_out.device());
   at::Tensor alias = host_alias(device_out);
   at::_ops::copy_::call(alias, host_out, false);
 }
@@ -186,6 +307,8 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device) {
                                                    driver::CopyKind::host_to_device, device.index(),
                                                    runtime::current_stream_id(device.index())));
   } else {
+    std::optional<StreamScope> staged;  // without host mapping, the alias's bytes live in a scope
+    if (!host_mapped()) staged.emplace(device);
     at::Tensor alias = host_alias(out);
     at::_ops::copy_::call(alias, host, false);
   }
@@ -238,15 +361,39 @@ StreamScope::StreamScope(c10::Device device, const char* name)
     : device_(device.index() >= 0 ? device.index() : runtime::current_device()),
       stream_(runtime::current_stream_id(static_cast<c10::DeviceIndex>(device_))),
       name_(name) {
-  {{ cookiecutter.DEVICE }}_CHECK(emulator::enter_stream(device_, stream_));
+  if (has_host_tasks()) {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::hold_stream(device_, stream_));
+  } else {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(device_, stream_));
+  }
+  if (!host_mapped()) staging_ = std::make_unique<detail::StagingScope>(device_, stream_);
 }
 
-StreamScope::~StreamScope() { emulator::leave_stream(device_, stream_, name_); }
+StreamScope::~StreamScope() noexcept(false) {
+  std::exception_ptr failed;
+  if (staging_ != nullptr) {
+    try {
+      staging_->finish();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    staging_.reset();
+  }
+  if (has_host_tasks()) driver::release_stream(device_, stream_, name_);
+  if (failed) std::rethrow_exception(failed);
+}
 
 void launch(c10::Device device, const char* name, std::function<void()> work) {
   const int index = device.index() >= 0 ? device.index() : runtime::current_device();
-  {{ cookiecutter.DEVICE }}_CHECK(emulator::launch(index, runtime::current_stream_id(static_cast<c10::DeviceIndex>(index)),
-                                                   name, std::move(work)));
+  const int64_t stream = runtime::current_stream_id(static_cast<c10::DeviceIndex>(index));
+  if (host_mapped() && has_host_tasks()) {
+    {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, std::move(work)));
+    return;
+  }
+  // No host code on the stream, or no host address for device memory: the work runs now, on this
+  // thread, in stream order (and staged, without host_mapping).
+  StreamScope on_stream(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)), name);
+  work();
 }
 
 at::Tensor meta_like(const at::Tensor& t) {
@@ -365,8 +512,8 @@ Held::Held(const at::Tensor& t) {
 
 at::Tensor& Held::get() {
   if (device_ && !tensor_.defined()) {
-    tensor_ = pooled_alias(Geometry{memory_ != nullptr ? emulator::host_address(memory_) : nullptr, nbytes_, sizes_,
-                                    strides_, offset_, dtype_, conj_, neg_});
+    tensor_ = pooled_alias(
+        Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, sizes_, strides_, offset_, dtype_, conj_, neg_});
   }
   return tensor_;
 }

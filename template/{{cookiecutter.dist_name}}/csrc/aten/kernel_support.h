@@ -1,16 +1,18 @@
 // Helpers every {{ cookiecutter.device }} kernel uses to run on device memory (see kernel_support.cpp).
 //
-// The emulated device's memory is host memory behind the driver, so a kernel can view its tensors
-// as CPU tensors without copying (`host_alias`, through emulator::host_address), run the CPU kernel
-// on them, and publish the result back (`write_back` for mutated arguments, `to_device` for new
-// results). Kernels are asynchronous, as on a chip: a kernel decides its outputs on the host and
-// queues its computation on the current stream (`launch`, below) — so a missing wait_stream,
-// record_stream or synchronize shows here, not first on silicon. A kernel the host must wait for
-// (output sizes that depend on the data, a value returned to the host) runs as the stream's next
-// item on the calling thread (`StreamScope`). On real hardware kernels launch SDK work instead and
-// need host aliases only for host<->device staging. `common_device`, `empty_device`, `launch` and
-// `StreamScope` are what any backend's kernels need: argument checks, output allocation and
-// stream order.
+// A kernel's host code sees device tensors as CPU tensors (`host_alias`), runs the CPU kernel on
+// them, and publishes the result back (`write_back` for mutated arguments, `to_device` for new
+// results). Where the driver maps device memory for the host (driver.h's host_mapping capability,
+// which the default driver has), a host alias is the device memory itself, no copy; where it does not (the
+// minimal driver, a discrete chip), kernel bodies are staged through driver::memcpy inside their
+// scope (`StreamScope`, `launch`) — the same kernel file runs on both. Kernels are asynchronous,
+// as on a chip: a kernel decides its outputs on the host and queues its computation on the current
+// stream (`launch`, below) — so a missing wait_stream, record_stream or synchronize shows here, not
+// first on silicon. A kernel the host must wait for (output sizes that depend on the data, a value
+// returned to the host) runs as the stream's next item on the calling thread (`StreamScope`). On
+// real hardware kernels launch SDK work instead and need host aliases only for host<->device
+// staging. `common_device`, `empty_device`, `launch` and `StreamScope` are what any backend's
+// kernels need: argument checks, output allocation and stream order.
 #pragma once
 
 // Every kernel file includes this header, so it stays narrow: c10::List and c10::IListRef (their
@@ -25,12 +27,19 @@
 #include <c10/util/SmallVector.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace {{ cookiecutter.device }}::kernels {
 
+// Whether host aliases are device memory itself (the driver's host_mapping) or staged copies.
+bool host_mapped();
+
+// A CPU tensor with t's sizes, strides, offset and dtype on t's device bytes (t itself if it is not
+// a device tensor). Read or write it only inside a StreamScope or launched work: without host
+// mapping, that is where its bytes are staged; outside, it serves views (geometry) only.
 at::Tensor host_alias(const at::Tensor& t);
 std::optional<at::Tensor> host_alias(const std::optional<at::Tensor>& t);
 std::vector<at::Tensor> host_alias(at::ITensorListRef ts);
@@ -53,7 +62,7 @@ at::Tensor to_device(const at::Tensor& host, c10::Device device);
 c10::Device device_of(const at::Tensor& t);
 
 // How an operator treats CPU tensors among its arguments. PyTorch checks this before or inside
-// its kernels; the CPU kernels the emulator borrows cannot, because host aliases are all CPU tensors.
+// its kernels; the CPU kernels borrowed here cannot, because host aliases are all CPU tensors.
 enum class CpuArgs {
   rejected,  // every tensor on one device (operators with device_check ExactSame)
   scalars,   // CPU scalars (0-dim tensors) allowed, as TensorIterator allows them
@@ -79,13 +88,19 @@ c10::Device common_device(const char* op, CpuArgs cpu, const Tensors&... tensors
   return common.has_value() ? *common : detail::current();
 }
 
+namespace detail {
+class StagingScope;
+}
+
 // Holds `device`'s current stream for a kernel body run on the calling thread: waits for the work
-// queued on it, and work launched meanwhile from other threads queues behind the body.
-// `name` (a string literal) is what the profiler shows.
+// queued on it, and work launched meanwhile from other threads queues behind the body (with the
+// driver's host_tasks capability). Without host_mapping, it is also the body's staging scope: the
+// device memory its host aliases reach is copied in, and what the body changed is copied back when
+// it ends. `name` (a string literal) is what the profiler shows.
 class StreamScope {
  public:
   explicit StreamScope(c10::Device device, const char* name = nullptr);
-  ~StreamScope();
+  ~StreamScope() noexcept(false);
   StreamScope(const StreamScope&) = delete;
   StreamScope& operator=(const StreamScope&) = delete;
 
@@ -93,6 +108,7 @@ class StreamScope {
   int device_;
   int64_t stream_;
   const char* name_;
+  std::unique_ptr<detail::StagingScope> staging_;
 };
 
 // ---- queued kernels (a launch) ------------------------------------------------------------------

@@ -4,8 +4,10 @@
 // record_stream.
 // Everything else reaches the device through native kernels (csrc/aten/ops/) or the CPU fallback.
 //
-// What a hardware team replaces: the two copy kernels (use driver::memcpy with the right CopyKind
-// instead of host aliases). Creation, views and resize only manage metadata and the allocator.
+// What a hardware team replaces: nothing at first. Without the driver's host_mapping, a copy of
+// one dense block is one driver::memcpy and every other copy (strided, converting) is staged
+// (kernel_support.h); a chip's strided-copy kernel can take the staged path's place later.
+// Creation, views and resize only manage metadata and the allocator.
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/as_strided_ops.h>
@@ -91,6 +93,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
+// Whether a copy is one block of bytes: the same dtype, sizes and strides, dense, no conj/neg bits.
+bool dense_same_layout(const at::Tensor& src, const at::Tensor& dst) {
+  return src.dtype() == dst.dtype() && src.sizes() == dst.sizes() && src.strides() == dst.strides() &&
+         src.is_non_overlapping_and_dense() && src.is_conj() == dst.is_conj() && !src.is_neg() && !dst.is_neg() &&
+         !src.is_conj();
+}
+
 // Copies between the host and the device, or between devices. The CPU copy kernel handles dtype
 // conversion, broadcasting and strides on host aliases of both sides. As on CUDA:
 //   - a copy within one device is queued on the current stream and returns at once;
@@ -118,7 +127,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const char* name = dst_on_device && src_on_device ? "copy device to device"
                      : dst_on_device                ? "copy host to device"
                                                     : "copy device to host";
-  if (!queued) {
+  if (!kernels::host_mapped() && dense_same_layout(self, dst)) {  // one driver copy, no staging
+    const driver::CopyKind kind = dst_on_device && src_on_device ? driver::CopyKind::device_to_device
+                                  : dst_on_device                ? driver::CopyKind::host_to_device
+                                                                 : driver::CopyKind::device_to_host;
+    const size_t nbytes = static_cast<size_t>(self.numel()) * self.dtype().itemsize();
+    if (nbytes > 0) {
+      {{ cookiecutter.DEVICE }}_CHECK(queued ? driver::memcpy_async(dst.data_ptr(), self.data_ptr(), nbytes, kind, device.index(), stream)
+                                             : driver::memcpy(dst.data_ptr(), self.data_ptr(), nbytes, kind, device.index(), stream));
+    }
+    if (queued && pinned) {
+      runtime::record_host_use(host_side.storage().data_ptr(), c10::Stream(c10::Stream::UNSAFE, device, stream));
+    }
+    return dst;
+  }
+  if (!queued || !kernels::host_mapped()) {  // without host mapping, staged on this thread
     kernels::StreamScope on_stream(device, name);
     at::Tensor dst_alias = kernels::host_alias(dst);
     at::_ops::copy_::call(dst_alias, kernels::host_alias(self), false);
@@ -149,6 +172,16 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {  // the host waits for the value
   kernels::StreamScope on_stream(self.device(), "_local_scalar_dense");
+  if (!kernels::host_mapped() && self.numel() == 1) {  // stage the one element, not the storage
+    at::Tensor host = at::detail::empty_cpu({}, self.scalar_type(), std::nullopt, std::nullopt, std::nullopt,
+                                           std::nullopt);
+    {{ cookiecutter.DEVICE }}_CHECK(driver::memcpy(host.data_ptr(), self.data_ptr(), self.dtype().itemsize(),
+                                                   driver::CopyKind::device_to_host, self.device().index(),
+                                                   runtime::current_stream_id(self.device().index())));
+    if (self.is_conj()) host._set_conj(true);
+    if (self.is_neg()) host._set_neg(true);
+    return at::_ops::_local_scalar_dense::call(host);
+  }
   return at::_ops::_local_scalar_dense::call(kernels::host_alias(self));
 }
 

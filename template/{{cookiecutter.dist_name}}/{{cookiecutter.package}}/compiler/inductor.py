@@ -5,8 +5,9 @@ generator ("scheduling") registered for the tensors' device; a wrapper (Python) 
 and calls the kernels in order, and the device op overrides are the runtime calls the wrapper
 writes (set the device, synchronize, a device guard).
 
-On the emulated device, whose memory is host memory, Inductor's own C++ code generator
-(`CppScheduling`, the CPU's) compiles the fused loops and they run straight on device memory.
+Here Inductor's own C++ code generator (`CppScheduling`, the CPU's) compiles the fused loops and
+they run on the host: straight on device memory where the driver maps it for the host (driver.h's
+host_mapping capability), else on host copies staged around each kernel call (`call_staged`).
 
 What a hardware team replaces: `Scheduling` below — with `TritonScheduling` if the chip has a
 Triton backend (Dynamo's interface in dynamo.py then returns real streams from `get_raw_stream`),
@@ -23,6 +24,7 @@ import inspect
 from pathlib import Path
 from textwrap import dedent
 
+import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.codegen.common import DeviceOpOverrides, register_backend_for_device, register_device_op_overrides
 from torch._inductor.codegen.cpp import CppScheduling
@@ -35,8 +37,8 @@ from torch._inductor.virtualized import V
 DEVICE = "{{ cookiecutter.device }}"
 
 
-class EmulatedScheduling(CppScheduling):
-    """Inductor's C++ code generator (the CPU's), writing kernels for the emulated device.
+class HostCppScheduling(CppScheduling):
+    """Inductor's C++ code generator (the CPU's), writing kernels that run on the host (see the module docstring).
 
     While it writes code, Inductor asks `get_current_backend()` which code generator that code is
     for, by device type; for any device but the CPU, XPU, MPS and TPU it answers
@@ -60,7 +62,7 @@ def _cpp_is_the_code_generator():
 
 
 # The code generator for the device's fused kernels (see the module's docstring).
-Scheduling = EmulatedScheduling
+Scheduling = HostCppScheduling
 
 
 class _OnThisDevice:
@@ -94,9 +96,12 @@ class _OnThisDevice:
 
 
 def _call_on_host(kernel_name: str, call_args) -> str:
-    """The wrapper's line that runs a C++ kernel on host views of its device tensor arguments."""
+    """The wrapper's line that runs a C++ kernel on host views of its device tensor arguments (or,
+    without the driver's host_mapping, on staged host copies: `call_staged`)."""
     if not call_args:
         return f"{kernel_name}()"
+    if "host_mapping" not in torch.{{ cookiecutter.device }}.capabilities():
+        return f"torch.{{ cookiecutter.device }}._call_staged({kernel_name}, ({', '.join(call_args)},))"
     view = "torch.ops.{{ cookiecutter.package }}.host_view"
     args = ", ".join(call_args)
     return (
@@ -189,3 +194,25 @@ def register() -> None:
 
 
 register()
+
+
+def call_staged(kernel, args) -> None:
+    """Runs a compiled C++ kernel on host copies of its device tensor arguments, for a driver without
+    host_mapping: each device storage an argument uses is copied to the host once (the current stream's
+    work first: a blocking copy), the kernel runs on CPU tensors with the arguments' geometry, and every
+    staged storage is copied back (the kernel's outputs are among them; inputs come back unchanged)."""
+    staged: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+    host_args = []
+    for a in args:
+        if not (isinstance(a, torch.Tensor) and a.device.type == DEVICE):
+            host_args.append(a)
+            continue
+        storage = a.untyped_storage()
+        key = storage.data_ptr()
+        if key not in staged:
+            staged[key] = (storage, storage.cpu())
+        host = torch.empty(0, dtype=a.dtype).set_(staged[key][1], a.storage_offset(), a.size(), a.stride())
+        host_args.append(host)
+    kernel(*host_args)
+    for storage, host in staged.values():
+        storage.copy_(host)
