@@ -126,24 +126,38 @@ def test_only_the_files_the_manifest_lists_may_include_the_emulator_header(templ
             {"name": "my op", "paths": ["csrc/aten/my_op.cpp"], "about": "", "replace": "no"}
         ),
     )
-    assert contract.audit(template_copy) == [
-        "csrc/aten/my_op.cpp: includes csrc/driver/emulator.h, the emulator's own calls; only the files "
-        "template.json lists in emulator.users may (the rest reach the device through driver.h, kernels through "
-        "kernel_support.h)"
+    problems = contract.audit(template_copy)
+    assert problems[0] == (
+        'csrc/aten/my_op.cpp: includes "driver/emulator.h" (csrc/driver/emulator.h): outside csrc/driver/ nothing '
+        "includes more of the driver than driver/driver.h, the port API"
+    )
+    assert problems[1:] == [  # a project made with another driver has no emulator.h at all
+        'with --driver minimal: csrc/aten/my_op.cpp: includes "driver/emulator.h" (csrc/driver/emulator.h), '
+        "which the project lacks"
     ]
     kernel.unlink()
-    # a listed user that no longer includes it, a header as a user, and a kernel template calling it
-    host_memory = csrc / "distributed" / "host_memory.cpp"
-    host_memory.write_text(host_memory.read_text().replace('#include "driver/emulator.h"\n', ""))
-    _edit_manifest(template_copy, lambda d: d["emulator"]["users"].append("csrc/aten/kernel_support.h"))
+    # a driver file the manifest does not list, a listed user that no longer includes it, a header
+    # and a file outside the driver as users, and a kernel template calling it
+    (csrc / "driver" / "extra.cpp").write_text('#include "driver/emulator.h"\n')
+    streams = csrc / "driver" / "streams.cpp"
+    streams.write_text(streams.read_text().replace('#include "driver/emulator.h"\n', ""))
+    _edit_manifest(
+        template_copy,
+        lambda d: d["emulator"]["users"].extend(["csrc/driver/driver.h", "csrc/aten/kernel_support.cpp"]),
+    )
     j2 = template_copy / "ops" / "kernel.cpp.j2"
     j2.write_text(j2.read_text() + "// void* p = emulator::host_address(self.data_ptr());\n")
     assert sorted(contract.audit(template_copy)) == [
-        "emulator: csrc/aten/kernel_support.h is a header: every file that includes it would reach the emulator",
-        "emulator: csrc/distributed/host_memory.cpp is a user in template.json but does not include "
-        "csrc/driver/emulator.h",
+        "csrc/driver/extra.cpp: includes csrc/driver/emulator.h, the emulator's own calls; only the files "
+        "template.json lists in emulator.users may (the rest reach the device through driver.h, kernels through "
+        "kernel_support.h)",
+        "emulator: csrc/aten/kernel_support.cpp is outside csrc/driver/: the emulator's header is the driver's own",
+        "emulator: csrc/driver/driver.h is a header: every file that includes it would reach the emulator",
+        "emulator: csrc/driver/streams.cpp is a user in template.json but does not include csrc/driver/emulator.h",
         "ops/kernel.cpp.j2: generated code reaches the emulator (emulator.h or emulator::); generated kernels use "
         "kernels:: helpers (kernel_support.h)",
+        'with --driver minimal: csrc/driver/extra.cpp: includes "driver/emulator.h" (csrc/driver/emulator.h), '
+        "which the project lacks",
     ]
 
 

@@ -101,6 +101,14 @@ def new(
     ] = None,
     package: Annotated[str | None, typer.Option(help="Python package name [default: torch_NAME].")] = None,
     devices: Annotated[int, typer.Option(help="Number of emulated devices.")] = 2,
+    driver: Annotated[
+        str,
+        typer.Option(
+            metavar="[emulator|minimal]",
+            help="The device driver: emulator (an asynchronous emulated accelerator with every optional "
+            "capability of driver.h) or minimal (driver.h's port API alone, synchronous: the start of a port).",
+        ),
+    ] = "emulator",
     no_build: Annotated[bool, typer.Option("--no-build", help="Render only.")] = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the generated tests.")] = False,
     force: Annotated[
@@ -115,6 +123,7 @@ def new(
         output,
         package=package,
         devices=devices,
+        driver=driver,
         build_it=not no_build,
         test_it=not no_test,
         force=force,
@@ -128,7 +137,8 @@ def new(
     if res.backup:
         con.print(f"the previous project was moved to {res.backup}")
     state = "built and tested" if res.tested else "built" if res.built else "rendered (not built)"
-    con.print(styled(res.names.device, "bold green"), f" backend {state} in {res.root}")
+    with_driver = f" with the {res.driver} driver" if res.driver != "emulator" else ""
+    con.print(styled(res.names.device, "bold green"), f" backend{with_driver} {state} in {res.root}")
     if not _state["quiet"]:
         con.print("next steps:")
         con.print(f"  cd {res.root}")

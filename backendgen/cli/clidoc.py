@@ -43,7 +43,8 @@ def _table(title: str, records: list[tuple[str, str]]) -> list[str]:
         return []
     lines = [f"{title}:", "", f"| {title.lower().rstrip('s')} | description |", "|---|---|"]
     for opts, help_text in records:
-        lines.append(f"| `{opts}` | {_md(' '.join(help_text.split()))} |")
+        cell = opts.replace("|", "\\|")  # a pipe ends a table cell, in a code span too ([a|b] choices)
+        lines.append(f"| `{cell}` | {_md(' '.join(help_text.split()))} |")
     return lines + [""]
 
 

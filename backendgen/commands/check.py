@@ -7,8 +7,10 @@ Five areas, one finding per line:
              from `torch._C.parse_schema`; never `FunctionSchema ==`, which equates SymInt and int),
              short-circuited when `native_functions.yaml` has the recorded hash;
 - api        the C++ and Python extension points the template relies on (each integration point's
-             in the template's manifest, backendgen/project/manifest.py), and every attribute of the
-             device module that the installed torch's own Python reads (backendgen/project/devmodule.py);
+             in the template's manifest, backendgen/project/manifest.py), every attribute of the
+             device module that the installed torch's own Python reads (backendgen/project/devmodule.py),
+             and the port API: a file outside csrc/driver that includes more of the driver than
+             driver.h (backendgen/project/contract.py);
 - extension  the built library, loaded in a subprocess (a bad static registration aborts the
              process that loads it): not built, built for another torch, dangling or missing kernels;
 - coverage   how many of the operators that need a backend kernel are native.
@@ -33,7 +35,7 @@ from backendgen.kinds.findings import Area, CheckReport, Kind, Severity
 from backendgen.kinds.kind import keyed
 from backendgen.plumbing.environment import installed_torch, subprocess_env
 from backendgen.plumbing.errors import EnvironmentProblem, ProjectError
-from backendgen.project import devmodule, manifest
+from backendgen.project import contract, devmodule, manifest
 from backendgen.project.on_disk import Project
 from backendgen.project.record import TorchTarget
 from backendgen.torchdb import support
@@ -265,6 +267,20 @@ def _check_apis(report: CheckReport, project: Project, db: OpDB, probed: dict | 
         )
 
 
+def _check_driver_includes(report: CheckReport, project: Project) -> None:
+    """Nothing outside csrc/driver includes more of the driver than driver.h, the port API
+    (contract.driver_includes): a warning, the backend still builds, but its port is not one file."""
+    for found in contract.driver_includes(contract.project_sources(project.root)):
+        report.add(
+            Area.API,
+            Severity.WARNING,
+            found.path,
+            f"{found.message}: reach the device through driver.h (its optional capabilities, driver::has)",
+            kind=Kind.DRIVER_INCLUDE,
+            include=found.target,
+        )
+
+
 def _check_device_module(report: CheckReport, project: Project, reads: dict[str, list[str]], probed: dict) -> None:
     """Each attribute torch's own Python reads from torch.<device> (a read with a silent default
     turns into a wrong result, e.g. checkpointing without `_initialized`) must be there."""
@@ -480,6 +496,7 @@ def check_project(
     for kind in registry.KINDS:  # what each kind of operator the project records says of the installed torch
         kind.check(report, project, db, probed)
     _check_apis(report, project, db, probed)
+    _check_driver_includes(report, project)
     registered = _check_extension(report, project, probed, stderr, returncode)
     _check_consistency(report, project)
     _check_device_module(report, project, reads, probed)

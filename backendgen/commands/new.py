@@ -14,7 +14,7 @@ from backendgen.plumbing import faults
 from backendgen.plumbing.errors import UserError
 from backendgen.plumbing.files import writes
 from backendgen.plumbing.progress import Reporter
-from backendgen.project import history, manifest, naming, render
+from backendgen.project import drivers, history, manifest, naming, render
 from backendgen.project.on_disk import Project, Transaction
 from backendgen.project.record import Record, TorchTarget
 from backendgen.toolchain import build
@@ -31,6 +31,7 @@ class NewResult:
     backup: Path | None = None
     notes: list[str] = field(default_factory=list)
     torch_note: str | None = None  # support.Support.note: the installed torch is not a tested one
+    driver: str = "emulator"  # the device driver it was made with (backendgen.project.drivers)
 
 
 def new_backend(
@@ -39,6 +40,7 @@ def new_backend(
     *,
     package: str | None = None,
     devices: int = 2,
+    driver: str = "emulator",
     build_it: bool = True,
     test_it: bool = True,
     force: bool = False,
@@ -52,6 +54,8 @@ def new_backend(
         names = naming.derive(device, package)
         if not 1 <= devices <= 64:
             raise UserError(f"--devices must be between 1 and 64, not {devices}")
+        tpl = manifest.load()
+        drivers.check(driver, tpl)  # the template's drivers (backendgen.project.drivers)
         dest = Path(output) if output is not None else Path.cwd() / names.dist_name
         dest = dest.absolute()
         render.check_destination(dest, force=force)
@@ -72,17 +76,17 @@ def new_backend(
                 f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, which no longer exists"
             )
     with rep.step("render"):
-        tpl = manifest.load()
         context = {
             **names.context(),
             "num_devices": str(devices),
+            "driver": driver,
             "torch_version": info.public_version,
             "backendgen_version": __version__,
             "template_version": str(tpl.template_version),
         }
         with writes(dest, "nothing was written"), render.staging_dir(dest) as staging:
             rendered = render.render_into(staging, context)
-            project = Project(rendered, _initial_record(names, devices, db, tpl))
+            project = Project(rendered, _initial_record(names, devices, driver, db, tpl))
             for name in tpl.builtin_ops():
                 project.add_op(template_record(project, db, db.resolve(name)))
             tx = Transaction(rendered)
@@ -94,7 +98,9 @@ def new_backend(
             registration.write(project, db, tx)
             project.save()
             backup = render.move_into_place(rendered, dest)
-    result = NewResult(dest, names, added, built=False, tested=False, backup=backup, notes=notes, torch_note=torch_note)
+    result = NewResult(
+        dest, names, added, built=False, tested=False, backup=backup, notes=notes, torch_note=torch_note, driver=driver
+    )
     if build_it:
         try:
             faults.reached("new:rendered")
@@ -121,7 +127,7 @@ def _unmake(dest: Path, backup: Path | None) -> None:
         backup.rename(dest)
 
 
-def _initial_record(names: naming.Names, devices: int, db: OpDB, tpl: manifest.Manifest) -> Record:
+def _initial_record(names: naming.Names, devices: int, driver: str, db: OpDB, tpl: manifest.Manifest) -> Record:
     return Record(
         backendgen_version=__version__,
         template_version=str(tpl.template_version),
@@ -131,6 +137,7 @@ def _initial_record(names: naming.Names, devices: int, db: OpDB, tpl: manifest.M
         package=names.package,
         dist_name=names.dist_name,
         num_devices=devices,
+        driver=driver,
         torch=TorchTarget(version=db.torch_version, native_functions_sha256=db.yaml_sha256),
         # the template's autocast table, for the operators the installed torch has
         amp={n: p for n, p in tpl.default_amp.items() if db.get(n) is not None},

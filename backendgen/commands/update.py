@@ -45,7 +45,7 @@ from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
 from backendgen.plumbing.progress import Reporter
 from backendgen.plumbing.textenum import TextEnum
-from backendgen.project import history, manifest, naming, template_tree
+from backendgen.project import drivers, history, manifest, naming, template_tree
 from backendgen.project.history import current_version, template_of
 from backendgen.project.merge import has_markers, merge3
 from backendgen.project.on_disk import METADATA_FILE, Project
@@ -258,6 +258,7 @@ def answers(project: Project, version: int, backendgen_version: str) -> dict[str
     return {
         **names,
         "num_devices": str(devices),
+        "driver": project.driver,  # its driver's files, in place of the emulator's (backendgen.project.drivers)
         "torch_version": project.torch_version.split("+", 1)[0],
         "backendgen_version": backendgen_version,
         "template_version": str(version),
@@ -288,13 +289,14 @@ class Base:
 _scores: dict[tuple[str, tuple], dict[str, str]] = {}  # (state, answers) -> {path: sha256} of its rendering
 
 
-def render_state(state: history.State, context: dict[str, str], into: Path) -> Path:
-    """Render a stored state with `context` under `into`, whole, as `new` did; return the project directory."""
+def render_state(state: history.State, context: dict[str, str], into: Path, *, arranged: bool = False) -> Path:
+    """Render a stored state with `context` under `into`, whole, as `new` did; return the project directory.
+    `arranged`: the state's files are already laid out for the context's driver (rendered_files)."""
     from backendgen.project.render import render_into
 
     into.mkdir(parents=True, exist_ok=True)
     with history.materialized(state) as tpl:
-        return render_into(into, context, template=tpl)
+        return render_into(into, context, template=tpl, arranged=arranged)
 
 
 _PATH_VARIABLE = re.compile(r"\{\{cookiecutter\.(\w+)\}\}")
@@ -308,11 +310,24 @@ def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, b
     path and text, cookiecutter.json, the context and, for a file that reads the manifest, template.json
     (no template has included one file in another so far; one that does is rendered whole). The
     states of one version share most files, so comparing a project with all of them costs little
-    more than one render."""
+    more than one render. The state is laid out for the context's driver first (drivers.arrange)."""
+    state = dataclasses.replace(
+        state,
+        files=tuple(
+            sorted(
+                drivers.arrange(
+                    dict(state.files),
+                    history.manifest_of(state),
+                    context.get("driver") or drivers.DEFAULT,
+                    what=state.describe(),
+                ).items()
+            )
+        ),
+    )
     blobs = dict(state.files)
     if any(_READS_ANOTHER_FILE.search(history.blob(digest)) for rel, digest in state.files if rel.startswith("{{")):
         with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
-            return template_tree.files(render_state(state, context, Path(tmp)))
+            return template_tree.files(render_state(state, context, Path(tmp), arranged=True))
     common = (blobs.get("cookiecutter.json"), tuple(sorted(context.items())))
     keys = {}
     for rel, digest in state.files:
@@ -332,12 +347,12 @@ def rendered_files(state: history.State, context: dict[str, str]) -> dict[str, b
             with history.materialized(partial) as tpl:
                 from backendgen.project.render import render_into
 
-                root = render_into(Path(tmp), context, template=tpl)
+                root = render_into(Path(tmp), context, template=tpl, arranged=True)
             out = template_tree.files(root)
         wanted = {out_path(rel): rel for rel in todo}
         if set(out) != set(wanted):  # cannot happen with the template's paths; render it whole then
             with tempfile.TemporaryDirectory(prefix="backendgen-base-") as tmp:
-                return template_tree.files(render_state(state, context, Path(tmp)))
+                return template_tree.files(render_state(state, context, Path(tmp), arranged=True))
         for path, rel in wanted.items():
             _file_renders[keys[rel]] = out[path]
     return {out_path(rel): _file_renders[key] for rel, key in keys.items()}
@@ -361,6 +376,8 @@ def choose_base(project: Project, version: int) -> Base:
             return Base(None, "recorded")
         state = history.find(recorded)
         if state is not None and state.version == version:
+            if not drivers.supports(history.manifest_of(state), project.driver):
+                raise _predates_driver(project, f"the recorded {state.describe()}")
             return Base(state, f"recorded: {state.describe()}")
         note = f"the recorded template_state {recorded[:12]} is not one this backendgen knows of template {version}; "
     if version == current_version():
@@ -370,6 +387,10 @@ def choose_base(project: Project, version: int) -> Base:
         raise ProjectError(
             f"this backendgen has no copy of template {version} (backendgen/template_history); reinstall backendgen"
         )
+    # a project made with another driver than the emulator came from a state that had it
+    candidates = [s for s in candidates if drivers.supports(history.manifest_of(s), project.driver)]
+    if not candidates:
+        raise _predates_driver(project, f"every stored state of template {version}")
     if len(candidates) == 1:
         return Base(candidates[0], note + candidates[0].describe())
     context = answers(project, version, (project.record.backendgen_version or __version__))
@@ -397,6 +418,15 @@ def choose_base(project: Project, version: int) -> Base:
         state,
         note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
         f"of the project's files ({best} of {total}; {len(candidates)} states compared)",
+    )
+
+
+def _predates_driver(project: Project, base: str) -> ProjectError:
+    """A project made with a driver its merge base does not have: update cannot render that base."""
+    return ProjectError(
+        f"{project.metadata_path} records the {project.driver} driver, which {base} predates (it has no "
+        f"--driver {project.driver}): update cannot render the template the project came from; restore "
+        "backendgen.json's template_state from version control (the one backendgen new recorded)"
     )
 
 

@@ -36,6 +36,7 @@ class Kind(TextEnum):
     CUSTOM_SCHEMA = "custom_schema"
     DANGLING = "dangling"
     DEVICE_MODULE = "device_module"
+    DRIVER_INCLUDE = "driver_include"
     LOAD = "load"
     MISSING_FILE = "missing_file"
     MISSING_KERNEL = "missing_kernel"

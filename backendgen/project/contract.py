@@ -13,22 +13,33 @@
   that no integration point `provides`, or a provided one its files do not declare;
 - a file that includes the emulator's own header (`emulator.header`) without being one of the
   manifest's `emulator.users`, generated code that reaches the emulator, or a listed user that is
-  missing, is a header, or no longer includes it.
+  missing, is a header, or no longer includes it;
+- a file outside `csrc/driver/` that includes more of the driver than `driver/driver.h`, the port
+  API (`driver_includes`): the emulator's `emulator.h`, or any other file of `csrc/driver/`;
+- a driver (the manifest's `drivers`) whose files are not in the template.
+The template is audited as each of its drivers lays it out (backendgen.project.drivers): the tree
+a project made with `--driver minimal` has is held to the manifest too.
 
-`api_problems(manifest)` checks that every API the manifest names exists in the installed torch.
-tests/test_manifest.py runs both; `python -m backendgen.project.contract` prints them for the template.
+`audit_project(root)` holds a generated project to the rule of the driver's includes (`backendgen
+check` reports the same). `api_problems(manifest)` checks that every API the manifest names exists
+in the installed torch. tests/test_manifest.py runs them; `python -m backendgen.project.contract
+[DIR]` prints the problems of the template (or of the template or generated project DIR).
 """
 
 from __future__ import annotations
 
 import ast
 import fnmatch
+import os
 import posixpath
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen.project import drivers, template_tree
 from backendgen.project.manifest import MANIFEST_FILE, IntegrationPoint, Manifest, parse, read, template_dir
 
 PROJECT_DIR = "{{cookiecutter.dist_name}}"
@@ -48,13 +59,17 @@ _COMMENT = re.compile(r"//[^\n]*")
 _NAMESPACE = {"{{ cookiecutter.package }}": "{package}", "{{cookiecutter.package}}": "{package}"}
 
 
-def project_files(template: Path) -> dict[str, Path]:
-    """The template project's files by project path, `{package}` for the package's name."""
-    root = template / PROJECT_DIR
+def project_files(template: Path, driver: str | None = None) -> dict[str, Path]:
+    """The template project's files by project path, `{package}` for the package's name: the tree
+    as it is (the default driver's), or as `driver` lays it out (backendgen.project.drivers)."""
+    listing = {rel: template / rel for rel in template_tree.paths(template)}
+    if driver is not None:
+        listing = drivers.arrange(listing, read(template), driver)
+    prefix = PROJECT_DIR + "/"
     return {
-        p.relative_to(root).as_posix().replace(_PACKAGE, "{package}"): p
-        for p in sorted(root.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
+        rel.removeprefix(prefix).replace(_PACKAGE, "{package}"): path
+        for rel, path in sorted(listing.items())
+        if rel.startswith(prefix)
     }
 
 
@@ -83,9 +98,36 @@ def _owners(m: Manifest, path: str) -> list[IntegrationPoint]:
 
 
 def audit(template: Path | None = None) -> list[str]:
+    """The template's problems: as the default driver has it, then what another driver's layout adds
+    (each such line says which driver)."""
     template = Path(template) if template is not None else template_dir()
     m = parse(read(template))
-    files = project_files(template)
+    problems = _driver_files(template, m)
+    if problems:
+        return problems  # a driver's file is missing: its layout cannot be audited
+    problems = _audit_files(template, project_files(template), m, m.default_driver)
+    for driver in list(m.drivers)[1:]:
+        found = _audit_files(template, project_files(template, driver), m, driver)
+        problems += [f"with --driver {driver}: {p}" for p in found if p not in problems]
+    return problems
+
+
+def _driver_files(template: Path, m: Manifest) -> list[str]:
+    """Each driver's files are in the template: the default's in the project tree, another's anywhere."""
+    problems = []
+    for driver in m.drivers.values():
+        for path, source in driver.files.items():
+            if driver.name == m.default_driver and source != f"{PROJECT_DIR}/{path}":
+                problems.append(f"drivers: {driver.name}, the default, has its {path} outside the project tree")
+            elif not (template / source).is_file():
+                problems.append(
+                    f"drivers: {driver.name}: {source} (its {path}) is in {MANIFEST_FILE} but not in the template"
+                )
+    return problems
+
+
+def _audit_files(template: Path, files: dict[str, Path], m: Manifest, driver: str) -> list[str]:
+    """The problems of one layout of the template's project tree (`files`, by project path)."""
     problems = []
     owned: dict[str, list[str]] = defaultdict(list)  # point name -> its files
     for path in files:
@@ -111,7 +153,10 @@ def audit(template: Path | None = None) -> list[str]:
     problems += _uncompiled(files, m)
     problems += _setup_protocol(files, m)
     problems += _provided(template, files, m)
-    problems += _emulator_users(template, files, m)
+    if driver == m.default_driver:  # the emulator's header is its own: another driver's layout has none
+        problems += _emulator_users(template, files, m)
+    problems += [str(found) for found in driver_includes(files)]
+    problems += missing_driver_files(files)
     for point in m.integration_points:
         texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
         found_reg: dict[str, set[str]] = defaultdict(set)
@@ -236,10 +281,13 @@ def _emulator_users(template: Path, files: dict[str, Path], m: Manifest) -> list
         f"{f}: includes {header}, the emulator's own calls; only the files {MANIFEST_FILE} lists in "
         f"emulator.users may (the rest reach the device through driver.h, kernels through kernel_support.h)"
         for f in sorted(including - set(users))
+        if f.startswith(DRIVER_DIR)  # (one outside the driver: driver_includes names it)
     ]
     for user in users:
         if user not in files:
             problems.append(f"emulator: {user} is a user in {MANIFEST_FILE} but not in the template")
+        elif not user.startswith(DRIVER_DIR):
+            problems.append(f"emulator: {user} is outside {DRIVER_DIR}: the emulator's header is the driver's own")
         elif not user.endswith(".cpp"):
             problems.append(f"emulator: {user} is a header: every file that includes it would reach the emulator")
         elif user not in including:
@@ -253,6 +301,114 @@ def _emulator_users(template: Path, files: dict[str, Path], m: Manifest) -> list
         if name in (text := path.read_text()) or "emulator::" in text
     ]
     return problems
+
+
+DRIVER_DIR = "csrc/driver/"
+PORT_API = "csrc/driver/driver.h"
+_CPP_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".h", ".hh", ".hpp", ".hxx", ".inc", ".inl", ".ipp", ".tpp")
+
+
+@dataclass(frozen=True)
+class DriverInclude:
+    """A file outside csrc/driver that includes more of the driver than the port API."""
+
+    path: str  # the including file, by project path
+    spelled: str  # as its #include spells it
+    target: str  # the driver file it reaches, by project path
+
+    @property
+    def message(self) -> str:
+        return (
+            f'includes "{self.spelled}" ({self.target}): outside {DRIVER_DIR} nothing includes more of the '
+            "driver than driver/driver.h, the port API"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+_INCLUDE_SPELLED = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
+
+
+def _include_targets(path: str, spelled: str) -> list[str]:
+    """Where `#include "spelled"` (or `<spelled>`, spelled with its `<`) in project file `path` may
+    lead: relative to csrc/ (the include directory), or, quoted, to the file's own folder."""
+    if spelled.startswith("<"):
+        return [posixpath.normpath(f"csrc/{spelled[1:]}")]
+    return list(
+        dict.fromkeys(
+            [
+                posixpath.normpath(f"csrc/{spelled}"),
+                posixpath.normpath(posixpath.join(posixpath.dirname(path), spelled)),
+            ]
+        )
+    )
+
+
+def _includes(files: Mapping[str, Path], *, outside_driver: bool = False):
+    """(path, spelled) of every #include of the C/C++ files of `files` (of those outside csrc/driver);
+    an angle-bracket include spelled with its `<`."""
+    for path, file in sorted(files.items()):
+        if not path.endswith(_CPP_SUFFIXES) or (outside_driver and path.startswith(DRIVER_DIR)):
+            continue
+        try:
+            text = file.read_text(errors="replace")
+        except OSError:
+            continue  # unreadable: not ours to judge (the build says what is wrong with it)
+        for delimiter, spelled in _INCLUDE_SPELLED.findall(_COMMENT.sub("", text)):
+            yield path, ("<" + spelled if delimiter == "<" else spelled)
+
+
+def driver_includes(files: Mapping[str, Path]) -> list[DriverInclude]:
+    """The C/C++ files of `files` (project path -> file) outside csrc/driver that include a file of
+    csrc/driver other than driver.h: only the port API is the driver's to the rest of the backend."""
+    found = []
+    for path, spelled in _includes(files, outside_driver=True):
+        target = next(
+            (t for t in _include_targets(path, spelled) if t.startswith(DRIVER_DIR) and t != PORT_API),
+            None,
+        )
+        if target is not None:
+            found.append(DriverInclude(path, spelled.lstrip("<"), target))
+    return found
+
+
+def missing_driver_files(files: Mapping[str, Path]) -> list[str]:
+    """Includes of a csrc/driver file that this layout of the template has not (a driver's file
+    another driver lacks: the emulator's header in a project made with --driver minimal)."""
+    problems = []
+    for path, spelled in _includes(files):
+        targets = _include_targets(path, spelled)
+        if any(t in files for t in targets):
+            continue
+        for target in (t for t in targets if t.startswith(DRIVER_DIR)):
+            problems.append(f'{path}: includes "{spelled.lstrip("<")}" ({target}), which the project lacks')
+            break
+    return problems
+
+
+_NOT_SOURCES = frozenset({"build", "dist", "node_modules", "__pycache__"})
+
+
+def project_sources(root: Path) -> dict[str, Path]:
+    """A generated project's C/C++ files by project path: its sources, not what a build or a tool
+    made (build/, dist/, *.egg-info, hidden folders)."""
+    root = Path(root)
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and d not in _NOT_SOURCES and not d.endswith(".egg-info")
+        )
+        for name in names:
+            if name.endswith(_CPP_SUFFIXES):
+                path = Path(folder) / name
+                found[path.relative_to(root).as_posix()] = path
+    return found
+
+
+def audit_project(root: Path) -> list[str]:
+    """A generated project's problems: a file outside csrc/driver that includes more of the driver than driver.h."""
+    return [str(found) for found in driver_includes(project_sources(root))]
 
 
 def _uncompiled(files: dict[str, Path], m: Manifest) -> list[str]:
@@ -302,11 +458,30 @@ def api_problems(m: Manifest, torch_dir: Path) -> list[str]:
     return problems
 
 
-def main() -> int:
-    problems = audit()
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m backendgen.project.contract", description="Audit the template against its manifest."
+    )
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        type=Path,
+        help="a template directory (with cookiecutter.json) or a generated project (with backendgen.json) "
+        "[default: the installed template]",
+    )
+    args = parser.parse_args(argv)
+    if args.dir is not None and (args.dir / "backendgen.json").is_file():
+        problems, ok = audit_project(args.dir), "the project includes no more of the driver than driver.h"
+    elif args.dir is None or (args.dir / "cookiecutter.json").is_file():
+        problems, ok = audit(args.dir), "the template keeps its manifest"
+    else:
+        print(f"error: {args.dir} is neither a template nor a generated project", file=sys.stderr)
+        return 2
     for line in problems:
         print(line)
-    print("the template keeps its manifest" if not problems else f"{len(problems)} problem(s)", file=sys.stderr)
+    print(ok if not problems else f"{len(problems)} problem(s)", file=sys.stderr)
     return 1 if problems else 0
 
 

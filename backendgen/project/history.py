@@ -87,6 +87,18 @@ def paths_of(version: int) -> dict[str, str]:
     return {**current.paths, **old}
 
 
+def manifest_of(state: State) -> dict:
+    """The parsed template.json of a stored state ({} for one without)."""
+    digest = dict(state.files).get(manifest.MANIFEST_FILE)
+    if digest is None:
+        return {}
+    try:
+        data = json.loads(blob(digest))
+    except ValueError as e:
+        raise UserError(f"{STORE}'s manifest of {state.describe()} is damaged ({e}); reinstall backendgen") from None
+    return data if isinstance(data, dict) else {}
+
+
 @functools.cache
 def current_state() -> str:
     """The state hash of the installed template (the same for an editable and a wheel install)."""

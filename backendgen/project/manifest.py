@@ -9,12 +9,16 @@ It is the one place that says
   the sources a build compiles (`build`);
 - which files may include the emulator's own header (`emulator`: `header`, `users`), the calls
   that exist only because the emulated device's memory is host memory (not the port API);
+- the device drivers a project can be made with (`drivers`, `backendgen new --driver`): each one's
+  files, `{project path: template path}`; the first is the default, whose files are the project
+  tree's own, and another driver's take their place (backendgen.project.drivers);
 - every integration point: the files it owns (`paths`, shown in the generated README, and
   `more_files`), what it does and what a hardware team replaces, the C++ names it provides to
   generated kernels (`provides`), the operators it registers
   (`registers`: dispatch key -> `ns::op`, `_::fallback` for a fallback) and defines (`defines`),
-  its static registrations (`statics`), and the torch APIs it uses (`cpp_apis`: header -> names;
-  `python_apis`: dotted names; `python_sources`: torch source file -> text it must contain);
+  its static registrations (`statics`), the torch APIs it uses (`cpp_apis`: header -> names;
+  `python_apis`: dotted names; `python_sources`: torch source file -> text it must contain), and
+  its README texts for a project made with another driver (`by_driver`: driver -> about, replace);
 - what `backendgen new` adds through the add-op engine (`default_ops`) and the autocast table a
   project starts with (`default_amp`).
 
@@ -96,6 +100,16 @@ class Emulator:
 
 
 @dataclass(frozen=True)
+class Driver:
+    name: str  # `backendgen new --driver NAME`
+    about: str
+    files: dict[str, str]  # its files: project path -> where the template keeps it
+
+
+EMULATOR = "emulator"  # the driver of every template before `drivers` (and the default since)
+
+
+@dataclass(frozen=True)
 class Manifest:
     template_version: int
     torch_minimum: str
@@ -112,6 +126,13 @@ class Manifest:
     device_module_provides: tuple[str, ...] = ()
     device_module_not_needed: dict[str, str] = field(default_factory=dict)
     emulator: Emulator | None = None  # None: a template from before the driver/emulator split
+    # the drivers a project can be made with, the default first; a template from before `drivers`
+    # has one, the emulator, in the project tree
+    drivers: dict[str, Driver] = field(default_factory=lambda: {EMULATOR: Driver(EMULATOR, "", {})})
+
+    @property
+    def default_driver(self) -> str:
+        return next(iter(self.drivers))
 
     def features_of(self, template_version: int) -> frozenset[str]:
         """The features a project from `template_version` has."""
@@ -156,6 +177,28 @@ def _emulator(data: object) -> Emulator | None:
     return Emulator(header, tuple(users))
 
 
+def drivers_of(data: dict) -> dict[str, Driver]:
+    """The drivers of a template whose manifest (an earlier template's too) is `data`."""
+    return _drivers(data.get("drivers"))
+
+
+def _drivers(data: object) -> dict[str, Driver]:
+    if data is None:
+        return {EMULATOR: Driver(EMULATOR, "", {})}
+    if not (
+        isinstance(data, dict)
+        and data
+        and all(
+            isinstance(d, dict)
+            and isinstance(d.get("files"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in d["files"].items())
+            for d in data.values()
+        )
+    ):
+        raise TypeError(f"{MANIFEST_FILE}: drivers needs an object of drivers, each with its `files`, not {data!r}")
+    return {name: Driver(name, d.get("about", ""), dict(d["files"])) for name, d in data.items()}
+
+
 def parse(data: dict) -> Manifest:
     """A manifest from the parsed JSON; a malformed one is backendgen's own bug (KeyError/TypeError)."""
     points = tuple(
@@ -190,6 +233,7 @@ def parse(data: dict) -> Manifest:
         device_module_provides=tuple(data.get("device_module", {}).get("provides", ())),
         device_module_not_needed=dict(data.get("device_module", {}).get("not_needed", {})),
         emulator=_emulator(data.get("emulator")),
+        drivers=_drivers(data.get("drivers")),
     )
 
 

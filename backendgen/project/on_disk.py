@@ -43,6 +43,12 @@ class Project:
         return self.record.dist_name
 
     @property
+    def driver(self) -> str:
+        """The device driver it was made with (`backendgen new --driver`): projects that do not
+        record one were all made with the emulator."""
+        return self.record.driver or manifest.EMULATOR
+
+    @property
     def template_version(self) -> int:
         """The template the project was generated from (template/template.json); 1 if unrecorded."""
         try:

@@ -309,6 +309,8 @@ TOP_FIELDS = (
     F("package", Str(extra=_package)),
     F("dist_name", Str(_DIST, what="a distribution name (lower-case letters, digits, - and _)")),
     F("num_devices", Int(1, 64), required=False),
+    # the device driver it was made with (`backendgen new --driver`); absent: the emulator
+    F("driver", Str(re.compile(r"^[a-z][a-z0-9_]*$"), what="a driver name (emulator, minimal)"), required=False),
     F(
         "torch",
         Obj(
@@ -522,6 +524,7 @@ class Record(_Typed):
     package: str
     dist_name: str
     num_devices: int | None = None
+    driver: str | None = None  # the driver it was made with (backendgen.project.drivers); None: the emulator
     torch: TorchTarget
     ops: list[OpRecord] = field(default_factory=list)
     amp: dict[str, str] | None = None  # the autocast table: operator -> policy

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from backendgen.plumbing.errors import OutputExistsError
-from backendgen.project import manifest, template_tree
+from backendgen.project import drivers, manifest, template_tree
 from backendgen.project.manifest import template_dir
 from backendgen.project.on_disk import METADATA_FILE
 
@@ -53,12 +53,24 @@ def staging_dir(dest: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def render_into(staging: Path, context: dict[str, str], *, template: Path | None = None) -> Path:
+def render_into(
+    staging: Path, context: dict[str, str], *, template: Path | None = None, arranged: bool = False
+) -> Path:
     """Render the template (or the template directory `template`: an earlier version, see
-    backendgen.project.history) with `context` (no prompts) under `staging`; return the project dir."""
+    backendgen.project.history) with `context` (no prompts) under `staging`; return the project dir.
+    The project gets the driver `context["driver"]` names (the default without one): the template is
+    laid out for it first (backendgen.project.drivers), unless `arranged` says it already is."""
+    tpl = Path(template) if template is not None else template_dir()
+    if arranged:
+        return _render(staging, context, tpl)
+    driver = context.get("driver") or drivers.DEFAULT
+    with drivers.arranged(tpl, manifest.read(tpl), driver) as laid_out:
+        return _render(staging, context, laid_out)
+
+
+def _render(staging: Path, context: dict[str, str], tpl: Path) -> Path:
     from cookiecutter.generate import generate_context, generate_files
 
-    tpl = Path(template) if template is not None else template_dir()
     ctx = generate_context(context_file=str(tpl / "cookiecutter.json"), extra_context=context)
     # keys cookiecutter.json does not default (the template and torch versions come from the
     # manifest and the installed torch only), and the template's own manifest, whose integration

@@ -17,7 +17,9 @@ ProcessGroupNCCL/XCCL are — so, as with NCCL on CUDA:
   `new_group(backend="{{ cookiecutter.device }}ccl")`) runs object collectives on the device, as NCCL's does.
 
 The backend hands each collective on device tensors to a transport: here a gloo process group of
-its own, given host views of the device memory (the emulated device's memory is host memory).
+{% if cookiecutter.driver == "emulator" %}its own, given host views of the device memory (the emulated device's memory is host memory).
+{%- else %}its own, given host copies of the device memory (the driver does not map device memory for the
+host: process_group.cpp stages each tensor through driver::memcpy).{% endif %}
 What a hardware team replaces: the transport calls in process_group.cpp, with its collective
 library's; this file stays.
 """

@@ -1,7 +1,13 @@
 // Device memory allocator: every tensor on {{ cookiecutter.device }} gets its memory here.
 //
+{% if cookiecutter.driver == "emulator" -%}
 // A caching allocator, as a real accelerator needs one: driver allocations are slow (two memory
 // mappings each in the emulator, a device call with an SDK), so freed blocks are kept for reuse.
+{% else -%}
+// A caching allocator, as a real accelerator needs one: driver allocations are slow (a host buffer
+// and an address range each in the minimal driver, a device call with an SDK), so freed blocks
+// are kept for reuse.
+{% endif -%}
 //   - Pools per stream: a block freed by its stream goes back to that stream's pool, and only
 //     allocations on that stream reuse it. Queued work on the stream that still reads the block
 //     runs before anything the new owner queues there, so no synchronisation is needed.

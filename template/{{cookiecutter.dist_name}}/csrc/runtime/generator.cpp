@@ -1,6 +1,6 @@
 // Random number generation: per-device default generators and torch.Generator(device=...).
 //
-// The emulated device draws random numbers with the CPU's Philox/MT engine: a device generator is
+// The {{ "emulated" if cookiecutter.driver == "emulator" else "minimal driver's" }} device draws random numbers with the CPU's Philox/MT engine: a device generator is
 // a CPUGeneratorImpl whose device and dispatch key say {{ cookiecutter.device }}. Seeding, get_state
 // and set_state therefore behave like the CPU's. What a hardware team replaces: the engine, with
 // its SDK's counter-based generator (keep seed/offset semantics so checkpoints stay portable).

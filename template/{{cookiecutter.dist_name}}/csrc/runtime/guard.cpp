@@ -149,7 +149,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
-  // torch.accelerator.get_device_capability(): the dtypes the device computes in. The emulated
+  // torch.accelerator.get_device_capability(): the dtypes the device computes in. The {{ "emulated" if cookiecutter.driver == "emulator" else "minimal driver's" }}
   // device runs every dtype (all bits set, c10::DeviceCapability's default); a chip without, say,
   // float64 clears capability_data.supported_scalar_types.has_Double here.
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
@@ -193,7 +193,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(stream.device_index(), stream.id()));
   }
   // torch.Stream.native_handle: what generated code (Inductor's get_raw_stream) hands the SDK.
-  // The emulated driver's stream handle is the stream's id; an SDK returns its own stream object.
+  // The {{ "emulated" if cookiecutter.driver == "emulator" else "minimal" }} driver's stream handle is the stream's id; an SDK returns its own stream object.
   void* getStreamNativeHandle(const c10::Stream stream) const override {
     return reinterpret_cast<void*>(static_cast<intptr_t>(stream.id()));
   }

@@ -77,7 +77,7 @@ int64_t steady_to_unix_offset_ns() {
 }
 
 // A copy, shown as a memcpy: the driver's own copies (memcpy, memcpy_async), and the runtime's
-// copies between host and device, which the emulator runs as stream work named "copy ..." (ATen's
+// copies between host and device, which {% if cookiecutter.driver == "emulator" %}the emulator runs{% else %}a driver may run{% endif %} as stream work named "copy ..." (ATen's
 // copy_ moves the strided bytes). An SDK's activity records say which are copies themselves.
 bool is_copy(const driver::Activity& record) {
   return record.kind == driver::Activity::memcpy || record.name.rfind("copy ", 0) == 0;
@@ -255,7 +255,7 @@ class DeviceProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   }
 
   // Markers and ranges go to an external tool on real hardware (NVTX's part on CUDA: the SDK's
-  // tracing annotations). The emulator has no such tool, so they mark nothing.
+  // tracing annotations). The {{ "emulator" if cookiecutter.driver == "emulator" else "minimal driver" }} has no such tool, so they mark nothing.
   void mark(const char* /*name*/) const override {}
   void rangePush(const char* /*name*/) const override {}
   void rangePop() const override {}

@@ -67,7 +67,7 @@ class {{ cookiecutter.device | capitalize }}Interface(DeviceInterface):
 
     @staticmethod
     def get_raw_stream(device_index: int) -> int:
-        """The handle generated code passes to its kernels (the emulated device's kernels take none)."""
+        """The handle generated code passes to its kernels (the C++ kernels inductor.py generates take none)."""
         return _mod.current_stream(device_index).native_handle
 
     @staticmethod
