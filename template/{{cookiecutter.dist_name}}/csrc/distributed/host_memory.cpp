@@ -1,13 +1,13 @@
 // Host views of device memory for the collective backend (process_group.cpp, through host_memory.h)
 // and for the kernels torch.compile writes ({{ cookiecutter.package }}/compiler/inductor.py).
 //
-// Where the driver has the host_mapping capability (the emulator does: its device memory is host
-// memory behind the driver), the collective transport hands gloo CPU tensors that alias the device
-// tensors (no copy): gloo reads and writes device memory in place; Inductor's C++ kernels run on
-// such views too. Without it (a discrete device, the minimal driver) there is no host view:
-// process_group.cpp stages each tensor through host memory instead, and torch.compile's Inductor
-// path refuses with the capability's name. A view waits for the
-// current stream first, so it sees the work queued before it. This file gives Python that alias as a custom operator,
+// Where the driver has the host_mapping capability (the default driver does: its device memory is
+// host memory behind the driver), the collective transport hands gloo CPU tensors that alias the
+// device tensors (no copy): gloo reads and writes device memory in place; Inductor's C++ kernels run
+// on such views too. Without it (a discrete device, the minimal driver) there is no host view:
+// process_group.cpp and compiler/inductor.py (call_staged) stage through host copies instead. A
+// view waits for the current stream first, so it sees the work queued before it. This file gives
+// Python that alias as a custom operator,
 // torch.ops.{{ cookiecutter.package }}.host_view(t). Unlike the kernels' host_alias (kernel_support.h), the view
 // owns a reference to the device storage: a collective in flight keeps its memory alive even if
 // Python drops the device tensor (a temporary buffer, say) before the collective completes.

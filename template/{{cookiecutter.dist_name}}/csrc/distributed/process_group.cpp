@@ -171,6 +171,13 @@ class Staging {
     return out;
   }
 
+  // The copies back to the caller's tensors (of staged tensors), for a Work that finishes itself.
+  std::function<void()> take_copy_back() {
+    return [copy_back = std::move(copy_back_)] {
+      for (const auto& [original, copy] : copy_back) original.copy_(copy);
+    };
+  }
+
   // The Work to return: `divide` holds tensors to divide by `size` (AVG) once it completed.
   c10::intrusive_ptr<c10d::Work> work(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> result,
                                       c10d::OpType type, std::vector<at::Tensor> divide = {}, int size = 1) {
@@ -385,7 +392,8 @@ class DeviceBackend final : public c10d::Backend {
     auto host_out = s(recv);
     auto host_in = s(send);
     auto outs = outputs;
-    auto finish = [outs, recv] {
+    auto finish = [outs, recv, copy_back = s.take_copy_back()] {
+      copy_back();  // recv's host copy, without host views
       int64_t offset = 0;
       for (const auto& out : outs) {
         out.copy_(recv.narrow(0, offset, out.numel()).view(out.sizes()));
