@@ -396,13 +396,33 @@ void launch(c10::Device device, const char* name, std::function<void()> work) {
   work();
 }
 
+namespace {
+// The meta storages of one pre-pass, by the storage of the tensor each stands for: arguments that
+// share memory share a meta storage, so the operator's overlap checks (an out= that overlaps an
+// input, an output with internal overlap) run on the host in the pre-pass, as on CUDA, instead of
+// failing later in the queued work. on_meta forgets them when the pre-pass ends.
+thread_local std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> meta_storages;
+
+c10::Storage meta_storage_for(const at::Tensor& t) {
+  const c10::Device meta(c10::DeviceType::Meta);
+  const c10::StorageImpl* key = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  if (key != nullptr) {
+    for (const auto& [impl, storage] : meta_storages) {
+      if (impl == key) return storage;
+    }
+  }
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.has_storage() ? t.storage().nbytes() : 0,
+                       c10::DataPtr(nullptr, meta), c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+  if (key != nullptr && meta_storages.size() < 64) meta_storages.emplace_back(key, storage);
+  return storage;
+}
+}  // namespace
+
 at::Tensor meta_like(const at::Tensor& t) {
   // CPU scalars (a Python number is a 0-dim "wrapped number") go as they are: every device's
   // kernels, meta's included, take them beside their own tensors.
   if (!t.defined() || (t.is_cpu() && t.dim() == 0)) return t;
-  const c10::Device meta(c10::DeviceType::Meta);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), t.has_storage() ? t.storage().nbytes() : 0,
-                       c10::DataPtr(nullptr, meta), c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+  c10::Storage storage = meta_storage_for(t);
   auto m = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta),
                                                     t.dtype());
   m.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -438,6 +458,9 @@ c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at:
 }
 
 bool on_meta(const std::function<void()>& pre_pass) {
+  struct Forget {
+    ~Forget() { meta_storages.clear(); }
+  } forget;
   try {
     pre_pass();
     return true;

@@ -9,6 +9,7 @@
 // (kernel_support.h); a chip's strided-copy kernel can take the staged path's place later.
 // Creation, views and resize only manage metadata and the allocator.
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/as_strided_ops.h>
 #include <ATen/ops/copy_ops.h>
@@ -17,6 +18,9 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "aten/kernel_support.h"
 #include "runtime/runtime.h"
@@ -108,7 +112,31 @@ bool dense_same_layout(const at::Tensor& src, const at::Tensor& dst) {
 //     record_event); the host must synchronize before it reads (or refills) the host side;
 //   - every other copy with the host is blocking: it runs after the stream's queued work and
 //     returns when done.
+// The argument checks PyTorch's copy kernels make (TensorIterator's: the source broadcasts to the
+// destination; the destination has no internal overlap and does not partly overlap the source), made
+// here on the host before anything is queued, so a bad copy_ raises in the call that made it.
+void check_copy(const at::Tensor& self, const at::Tensor& dst) {
+  if (self.is_same(dst)) return;
+  // PyTorch's broadcasting rule and messages (at::infer_size, whose header would bring every
+  // operator's declaration into this unit)
+  const int64_t a_dims = dst.dim(), b_dims = self.dim(), dims = std::max(a_dims, b_dims);
+  std::vector<int64_t> broadcast(static_cast<size_t>(dims));
+  for (int64_t i = dims - 1; i >= 0; --i) {
+    const int64_t offset = dims - 1 - i;
+    const int64_t a = a_dims - 1 - offset >= 0 ? dst.size(a_dims - 1 - offset) : 1;
+    const int64_t b = b_dims - 1 - offset >= 0 ? self.size(b_dims - 1 - offset) : 1;
+    TORCH_CHECK(a == b || a == 1 || b == 1, "The size of tensor a (", a, ") must match the size of tensor b (", b,
+                ") at non-singleton dimension ", i);
+    broadcast[static_cast<size_t>(i)] = a == 1 ? b : a;
+  }
+  TORCH_CHECK(c10::IntArrayRef(broadcast) == dst.sizes(), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(broadcast));
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, self);
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  check_copy(self, dst);
   const bool dst_on_device = dst.device().type() == c10::DeviceType::PrivateUse1;
   const bool src_on_device = self.device().type() == c10::DeviceType::PrivateUse1;
   const c10::Device device = kernels::device_of(dst_on_device ? dst : self);
