@@ -95,14 +95,19 @@ def test_an_edited_source_keeps_the_fast_path(recorded):
         (lambda root, env: (root / "csrc" / "aten" / "ops" / "mul.cpp").unlink(), "a source file was added or removed"),
         (
             lambda root, env: (root / "setup.py").write_text((root / "setup.py").read_text() + "\n# edited\n"),
-            "setup.py or pyproject.toml changed",
+            "setup.py, pyproject.toml or sdk.cfg changed",
         ),
         (
             lambda root, env: (root / "pyproject.toml").write_text((root / "pyproject.toml").read_text() + "\n"),
-            "setup.py or pyproject.toml changed",
+            "setup.py, pyproject.toml or sdk.cfg changed",
         ),
         (lambda root, env: env.update(CXX="clang++"), "compiler settings in the environment changed"),
         (lambda root, env: env.update(MYCHIP_UNITY_BUILD="0"), "compiler settings in the environment changed"),
+        (
+            lambda root, env: (root / "sdk.cfg").write_text("[sdk]\nlibraries = mysdk\n"),
+            "setup.py, pyproject.toml or sdk.cfg changed",
+        ),
+        (lambda root, env: env.update(MYCHIP_SDK_LIBRARIES="mysdk"), "compiler settings in the environment changed"),
         (
             lambda root, env: next(root.glob("build/temp.*/build.ninja")).write_text("rule other\n"),
             "build.ninja changed",

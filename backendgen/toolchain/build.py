@@ -12,9 +12,9 @@ record (`build/backendgen-build-record.json`: ninja's directory, the link comman
 the log, the inputs that shaped them); the next build runs ninja and, if an object changed, that
 link command, without torch. A source file added or removed (add-op) keeps the fast path when
 `setup.py unity` (which imports no torch) rewrites the unity files and ninja's build file still
-compiles exactly what it lists. Any other difference (setup.py, pyproject.toml, build.ninja,
-torch, the Python, the compiler variables, the project's place) sends the build through setup.py,
-which writes a new record.
+compiles exactly what it lists. Any other difference (setup.py, pyproject.toml, sdk.cfg,
+build.ninja, torch, the Python, the compiler and SDK variables, the project's place) sends the
+build through setup.py, which writes a new record.
 
 `build_wheel` makes the distributable: `pip wheel` (whose metadata pins the torch it was built
 with, see the template's setup.py), then `auditwheel repair` to a manylinux tag without torch's own
@@ -120,7 +120,7 @@ class Stale(TextEnum):
     PYTHON = "another Python"
     TORCH = "torch changed"
     BUILD_ENV = "compiler settings in the environment changed"
-    INPUTS = "setup.py or pyproject.toml changed"
+    INPUTS = "setup.py, pyproject.toml or sdk.cfg changed"
     BUILD_NINJA = "build.ninja changed"
     SOURCES = "a source file was added or removed"
 
@@ -239,6 +239,12 @@ _BUILD_ENV = (
     "BACKENDGEN_NO_CCACHE",
     "TORCH_NO_COMPILER_WRAPPER",
 )
+# the project's own build settings setup.py reads from the environment (<DEVICE>_...): the unity
+# switch and the SDK's paths (the template's setup.py); like the files in _INPUTS, a change means a
+# new build.ninja or link
+_BUILD_ENV_SUFFIXES = ("_UNITY_BUILD", "_SDK_INCLUDE_DIRS", "_SDK_LIBRARY_DIRS", "_SDK_LIBRARIES")
+# the files that shape build.ninja and the link besides the sources (sdk.cfg: the SDK's paths)
+_INPUTS = ("setup.py", "pyproject.toml", "sdk.cfg")
 
 
 def _sha256(path: Path) -> str | None:
@@ -253,7 +259,7 @@ def _csrc_files(root: Path) -> list[str]:
 
 
 def _build_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in sorted(env.items()) if k in _BUILD_ENV or k.endswith("_UNITY_BUILD")}
+    return {k: v for k, v in sorted(env.items()) if k in _BUILD_ENV or k.endswith(_BUILD_ENV_SUFFIXES)}
 
 
 def _torch_install() -> dict[str, str | None]:
@@ -319,7 +325,7 @@ class BuildRecord:
                 "torch": _torch_install(),
                 "env": _build_env(env),
                 "csrc": csrc,
-                "inputs": {name: _sha256(root / name) for name in ("setup.py", "pyproject.toml")},
+                "inputs": {name: _sha256(root / name) for name in _INPUTS},
                 "ninja_dir": str(ninja_dir.relative_to(root)),
                 "build_ninja": _sha256(ninja_files[0]),
                 "link": link,

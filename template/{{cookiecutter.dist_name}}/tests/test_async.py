@@ -6,6 +6,11 @@ silicon: an event that is not yet complete, a stream reading another's output wi
 non_blocking copy read before a synchronize, memory reused while a kernel on another stream still
 reads it, an error inside a kernel reported later, and host code touching device memory. `_sleep`
 or a row of large kernels keeps a stream busy long enough to make each outcome certain.
+
+Each premise needs the driver's optional capabilities (csrc/driver/driver.h): `_sleep` needs
+"spin"; kernels queued on a stream need "host_tasks" on "host_mapping" memory (queued_kernels);
+copies queue unless host_mapping makes them host code without host_tasks (queued_copies). On a
+driver without them (the minimal driver has none) those tests skip, naming what is missing.
 """
 
 import signal
@@ -13,7 +18,7 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import DEVICE, run_python
+from tests.conftest import DEVICE, queued_copies, queued_kernels, requires, run_python
 
 BUSY_US = 300_000  # long enough that the host finishes its part while the stream still sleeps
 N = 4096
@@ -21,6 +26,7 @@ N = 4096
 pytestmark = pytest.mark.usefixtures("drained")  # no queued work outlives a test
 
 
+@requires("spin")
 def test_an_event_is_not_complete_until_its_stream_reaches_it(mod):
     s = torch.Stream(device=DEVICE)
     with mod.stream(s):
@@ -32,6 +38,7 @@ def test_an_event_is_not_complete_until_its_stream_reaches_it(mod):
     assert e.query() and s.query()
 
 
+@requires("spin")
 def test_elapsed_time_measures_the_work_between_two_events(mod):
     start = torch.Event(device=DEVICE, enable_timing=True)
     end = torch.Event(device=DEVICE, enable_timing=True)
@@ -42,6 +49,8 @@ def test_elapsed_time_measures_the_work_between_two_events(mod):
     assert start.elapsed_time(end) >= 45.0
 
 
+@requires("spin")
+@queued_copies
 def test_a_stream_sees_another_streams_writes_only_after_waiting(mod):
     src = torch.ones(N, device=DEVICE)
     dst = torch.zeros(N, device=DEVICE)
@@ -56,6 +65,7 @@ def test_a_stream_sees_another_streams_writes_only_after_waiting(mod):
     assert torch.equal(late.cpu(), torch.ones(N))
 
 
+@requires("spin")
 def test_waiting_on_an_event_orders_two_streams(mod):
     a, b = torch.Stream(device=DEVICE), torch.Stream(device=DEVICE)
     x = torch.zeros(N, device=DEVICE)
@@ -70,6 +80,8 @@ def test_waiting_on_an_event_orders_two_streams(mod):
     assert torch.equal(y.cpu(), torch.full((N,), 6.0))
 
 
+@requires("spin")
+@queued_copies
 def test_a_non_blocking_copy_to_pinned_memory_needs_a_synchronize(mod):
     d = torch.full((N,), 7.0, device=DEVICE)
     host = torch.zeros(N).pin_memory()
@@ -80,6 +92,7 @@ def test_a_non_blocking_copy_to_pinned_memory_needs_a_synchronize(mod):
     assert torch.equal(host, torch.full((N,), 7.0))
 
 
+@requires("spin")
 def test_pinned_memory_a_queued_copy_reads_is_not_reused_before_the_copy_ran(mod):
     # The pinned block is freed while a non_blocking copy still waits to read it; a new pinned
     # tensor of the same size must get other memory (the host allocator's event gates reuse), or
@@ -100,6 +113,7 @@ def test_pinned_memory_a_queued_copy_reads_is_not_reused_before_the_copy_ran(mod
     torch.accelerator.empty_host_cache()
 
 
+@requires("spin")
 def test_a_blocking_copy_waits_for_the_stream(mod):
     d = torch.zeros(N, device=DEVICE)
     mod._sleep(BUSY_US)
@@ -126,10 +140,13 @@ def _free_while_another_stream_reads(mod, record: bool) -> torch.Tensor:
     return out.cpu()
 
 
+@requires("spin")
 def test_record_stream_keeps_memory_from_reuse_until_the_other_stream_is_done(mod):
     assert torch.equal(_free_while_another_stream_reads(mod, record=True), torch.ones(N))
 
 
+@requires("spin")
+@queued_copies
 def test_without_record_stream_the_memory_is_reused_while_another_stream_reads_it(mod):
     # The bug record_stream exists for, caught here: the side stream reads the new owner's values.
     assert torch.equal(_free_while_another_stream_reads(mod, record=False), torch.full((N,), -1.0))
@@ -146,6 +163,7 @@ def _keep_busy(k: int = 16) -> list:
     return [big * 2 for _ in range(k)]
 
 
+@queued_kernels
 def test_an_event_is_not_complete_while_kernels_are_queued(mod):
     busy = _keep_busy()
     done = torch.Event(device=DEVICE)
@@ -155,6 +173,7 @@ def test_an_event_is_not_complete_while_kernels_are_queued(mod):
     assert done.query() and torch.equal(busy[-1][:4].cpu(), torch.full((4,), 2.0))
 
 
+@queued_kernels
 def test_a_kernels_result_on_another_stream_is_seen_only_after_wait_stream(mod):
     side = torch.Stream(device=DEVICE)
     src, dst = torch.ones(N, device=DEVICE), torch.zeros(N, device=DEVICE)
@@ -192,15 +211,18 @@ def _kernel_reads_a_freed_input(mod, record: bool) -> torch.Tensor:
     return y.cpu()
 
 
+@requires("spin", "host_tasks", "host_mapping")  # _sleep, queued_kernels
 def test_an_input_freed_early_is_corrupted_without_record_stream(mod):
     # As on a chip, a queued kernel does not keep its inputs alive: it read the new owner's values.
     assert torch.equal(_kernel_reads_a_freed_input(mod, record=False), torch.full((N,), -3.0))
 
 
+@requires("spin")
 def test_record_stream_keeps_a_kernels_input_until_the_kernel_ran(mod):
     assert torch.equal(_kernel_reads_a_freed_input(mod, record=True), torch.full((N,), 3.0))
 
 
+@queued_kernels
 def test_an_error_inside_a_queued_kernel_is_raised_at_the_next_synchronize(mod):
     logp = torch.randn(4, 5, device=DEVICE).log_softmax(1)
     target = torch.tensor([0, 1, 7, 2], device=DEVICE)  # 7 is out of range: only the kernel looks

@@ -6,7 +6,7 @@ import datetime
 import pytest
 import torch
 
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, requires
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
@@ -57,6 +57,7 @@ def test_a_cpu_program_gets_plain_gloo(tmp_path, backend):
         dist.destroy_process_group()
 
 
+@requires("host_mapping")
 def test_host_view_aliases_device_memory():
     t = torch.zeros(2, 3, device=DEVICE)
     view = torch.ops.{{ cookiecutter.package }}.host_view(t.t())

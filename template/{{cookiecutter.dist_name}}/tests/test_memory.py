@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, requires
 
 
 def test_allocator_stats(mod):
@@ -21,6 +21,7 @@ def test_allocator_stats(mod):
     torch.accelerator.empty_cache()
 
 
+@requires("memory_limit")
 def test_out_of_memory_is_torch_oom_and_the_process_continues(mod):
     free, total = mod.mem_get_info(0)
     mod.set_memory_limit(64 * 1024 * 1024, 0)
@@ -33,6 +34,7 @@ def test_out_of_memory_is_torch_oom_and_the_process_continues(mod):
         mod.set_memory_limit(total, 0)
 
 
+@requires("memory_limit")
 def test_bad_memory_limits_are_refused(mod):
     with pytest.raises(OverflowError):
         mod.set_memory_limit(-1, 0)

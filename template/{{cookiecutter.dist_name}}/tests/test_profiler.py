@@ -5,6 +5,12 @@ A trace with ProfilerActivity.PrivateUse1 gets the device's side from csrc/runti
 device and stream, in the order the stream ran them, linked to the CPU op that launched it. A
 trace of ProfilerActivity.CPU alone has none of them. The profiler's event-based fallback
 (torch.autograd.profiler.profile(use_device=...)) times ops with device events instead.
+
+The device's records need the driver's "tracing" capability (csrc/driver/driver.h), and the
+kernels' records "host_tasks" too: the template's kernels are host code, which the driver sees
+(and records) only when it runs as stream work; without it they run on the calling thread, and
+so do the copies of host-mapped memory. The copies' names ("copy host to device") are those of
+host-mapped memory: without "host_mapping" a copy is the driver's own memcpy, named by the driver.
 """
 
 import json
@@ -14,7 +20,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, requires
 
 N = 64
 # The device's records and the CPU ops are timed by two clocks, converted to one: allow this much
@@ -22,6 +28,9 @@ N = 64
 CLOCKS_US = 20
 
 pytestmark = pytest.mark.usefixtures("drained")  # no queued work outlives a test
+
+device_trace = requires("tracing", "host_tasks")  # the device's kernels and copies in a trace
+named_copies = requires("tracing", "host_tasks", "host_mapping")  # ... and the copies' names
 
 
 def device_events(prof):
@@ -48,6 +57,7 @@ def traced_workload(mod, side):
     return prof
 
 
+@named_copies
 def test_a_trace_shows_the_devices_kernels_and_copies(mod):
     side = torch.Stream(device=DEVICE)
     prof = traced_workload(mod, side)
@@ -74,6 +84,7 @@ def test_a_trace_shows_the_devices_kernels_and_copies(mod):
     assert prof.key_averages().table(sort_by="device_time_total")  # renders with the device's columns
 
 
+@named_copies
 def test_device_events_follow_their_cpu_op_and_keep_their_streams_order(mod):
     side = torch.Stream(device=DEVICE)
     prof = traced_workload(mod, side)
@@ -97,6 +108,7 @@ def test_device_events_follow_their_cpu_op_and_keep_their_streams_order(mod):
     assert "copy device to host" == sorted(by_stream[0], key=lambda e: e.time_range.start)[-1].name
 
 
+@requires("spin", "tracing", "host_tasks", "host_mapping")  # _sleep, named_copies
 def test_queued_work_shows_when_the_device_ran_it(mod):
     x = torch.ones(N, device=DEVICE)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
@@ -113,6 +125,7 @@ def test_queued_work_shows_when_the_device_ran_it(mod):
     assert copy.time_range.start > ops[copy.linked_correlation_id].time_range.end  # long after its op returned
 
 
+@device_trace
 def test_a_second_device_has_its_own_rows(mod):
     if mod.device_count() < 2:
         pytest.skip("one device")
@@ -136,6 +149,7 @@ def test_a_cpu_only_trace_has_no_device_events(mod):
     assert all(not e.kernels for e in prof.events())
 
 
+@device_trace
 def test_the_chrome_trace_has_device_rows_linked_to_cpu_ops(mod, tmp_path):
     side = torch.Stream(device=DEVICE)
     prof = traced_workload(mod, side)

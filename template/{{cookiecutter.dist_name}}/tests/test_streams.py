@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.conftest import DEVICE
+from tests.conftest import DEVICE, requires
 
 
 def test_streams():
@@ -64,6 +64,7 @@ def test_stream_priorities(mod):
     assert mod.current_stream().priority == least  # the default stream
 
 
+@requires("spin")
 def test_stream_and_event_classes_behave_like_cudas(mod):
     s = mod.Stream(device=f"{DEVICE}:1" if mod.device_count() > 1 else DEVICE)
     assert isinstance(s, torch.Stream) and s.device.type == DEVICE

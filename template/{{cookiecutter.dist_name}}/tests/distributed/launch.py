@@ -54,7 +54,7 @@ def free_port() -> int:
 def environment(world_size: int, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     if int(env.get(DEVICE_COUNT_VAR) or 0) < world_size:
-        env[DEVICE_COUNT_VAR] = str(world_size)  # one emulated device per rank
+        env[DEVICE_COUNT_VAR] = str(world_size)  # one device per rank
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.update(extra or {})
     return env

@@ -2,7 +2,7 @@
 
 Opt-in (`pytest -m distributed`, or `backendgen test --distributed`): each job starts one Python
 per rank (torch's import alone is ~2 s each). Every rank runs tests/distributed/worker.py on its own
-emulated device; a job is killed at its first failing rank or after its time limit, so a failure
+device; a job is killed at its first failing rank or after its time limit, so a failure
 or a hang fails the test within that limit.
 """
 
