@@ -65,3 +65,22 @@ def test_an_in_place_op_on_an_input_it_fully_aliases_still_works():
     x.add_(x)  # the same memory, not a partial overlap: allowed, as on the CPU
     x.copy_(x)
     assert x.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_indexing_a_cpu_tensor_with_device_indices_raises():
+    x = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match="indices should be either on cpu or on the same device"):
+        x[torch.tensor([0, 2], device=DEVICE)]
+    # the other way round is allowed, as on CUDA
+    assert x.to(DEVICE)[torch.tensor([0, 2])].cpu().tolist() == [0.0, 2.0]
+
+
+@pytest.mark.parametrize("op", [torch.atan2, torch.hypot], ids=["atan2", "hypot"])
+def test_a_pointwise_operator_refuses_a_cpu_tensor_beside_device_ones(op):
+    a, b = torch.rand(3), torch.rand(3, device=DEVICE)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        op(a, b)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        op(b, a)
+    # a CPU scalar (0-dim) is fine beside device tensors, as on CUDA
+    torch.testing.assert_close(op(b, torch.tensor(0.5)).cpu(), op(b.cpu(), torch.tensor(0.5)))

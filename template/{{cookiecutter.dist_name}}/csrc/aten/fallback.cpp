@@ -70,7 +70,9 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "aten/kernel_support.h"
 #include "aten/nested.h"
@@ -562,6 +564,48 @@ struct Timed {
   }
 };
 
+// PyTorch's device rules for arguments that mix the device and the CPU, checked before anything is
+// staged (on the CPU side every argument is a CPU tensor, so the CPU kernel cannot check them):
+//   - a pointwise operator (TensorIterator) takes CPU tensors beside device ones only as scalars
+//     (0-dim), as on CUDA;
+//   - indexing takes CPU indices for a device tensor, not device indices for a CPU tensor.
+void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::vector<c10::Argument>& args = op.schema().arguments();
+  const size_t first = stack.size() - args.size();
+  std::optional<c10::Device> device;
+  bool cpu_tensor = false;
+  auto visit = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      if (!device.has_value()) device = t.device();
+    } else if (t.device().is_cpu() && t.dim() > 0) {
+      cpu_tensor = true;
+    }
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      visit(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) visit(t);
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (t.has_value()) visit(*t);
+      }
+    }
+  }
+  if (!device.has_value() || !cpu_tensor) return;
+  TORCH_CHECK(!op.hasTag(at::Tag::pointwise), "Expected all tensors to be on the same device, but found at least two ",
+              "devices, ", *device, " and cpu!");
+  static const std::unordered_set<std::string> indexing = {"aten::index", "aten::_unsafe_index", "aten::index_put",
+                                                           "aten::index_put_", "aten::_index_put_impl_",
+                                                           "aten::_unsafe_index_put"};
+  const c10::IValue& self = stack[first];
+  if (indexing.count(op.schema().name()) != 0 && self.isTensor() && self.toTensor().device().is_cpu()) {
+    TORCH_CHECK(false, "indices should be either on cpu or on the same device as the indexed tensor (cpu)");
+  }
+}
+
 }  // namespace
 
 // The CPU fallback, redispatching to the CPU kernel at `cpu_keys` (CPU; SparseCPU or SparseCsrCPU
@@ -577,6 +621,7 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
                                                                           : "sparse compressed (CSR/CSC/BSR/BSC)",
                               " tensors, and the CPU fallback cannot run it: the CPU has no ", cpu_key,
                               " kernel for it either (PyTorch does not support this operator on this layout)");
+  check_mixed_devices(op, *stack);
   count_call(name, schema);
   Timed timed{name};
   Staging staging(op, stack, name);  // which device storages the arguments reach; nothing copied yet
