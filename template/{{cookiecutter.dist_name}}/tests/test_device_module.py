@@ -112,3 +112,18 @@ def test_checkpoint_recomputes_dropout_with_the_same_mask(use_reentrant):
     # the gradient is 2 where the forward kept an element and 0 where it dropped it: the
     # recomputation must draw the same mask
     assert torch.equal((y != 0).cpu(), (x.grad != 0).cpu())
+
+
+def test_legacy_typed_storages_are_the_devices():
+    import warnings
+
+    mod = getattr(torch, DEVICE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        x = torch.ones(3, device=DEVICE)
+        assert x.storage_type() is mod.FloatStorage
+        assert torch.ones(2, dtype=torch.int64, device=DEVICE).storage_type() is mod.LongStorage
+        assert isinstance(x.storage(), mod.FloatStorage) and not isinstance(x.storage(), torch.FloatStorage)
+        assert not isinstance(x.cpu().storage(), mod.FloatStorage)
+        made = mod.DoubleStorage(4)
+        assert made.device.type == DEVICE and made.dtype == torch.float64 and made.size() == 4

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from {{ cookiecutter.package }} import _C, _utils  # noqa: F401  (_utils: serialization reads _utils._get_device_index)
+from {{ cookiecutter.package }} import storages as _storages
 from {{ cookiecutter.package }}._utils import device_index as _index
 from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
 from {{ cookiecutter.package }}.random import (  # noqa: F401
@@ -38,6 +39,9 @@ from {{ cookiecutter.package }}.random import (  # noqa: F401
 )
 
 _DEVICE = "{{ cookiecutter.device }}"
+
+# the legacy typed storages (FloatStorage, ...): tensor.storage_type() answers them (storages.py)
+globals().update(_storages.classes())
 
 
 def is_available() -> bool:
