@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -377,14 +379,46 @@ def fallback_registrations(db: OpDB, is_native) -> list[str]:
     - operators with both a CPU kernel and a CompositeExplicitAutograd one (native_layer_norm,
       addr, ...), unless native. Otherwise a backend without a kernel runs the composite, whose
       numerics differ from the CPU kernel's (layer_norm of one element: 1/sqrt(eps) magnifies a
-      last-bit difference in the mean)."""
+      last-bit difference in the mean);
+    - out= overloads whose only kernel is a CompositeExplicitAutograd one while their functional
+      overload has backend kernels (CPU, CUDA) and no composite one (mode.values, dot.out), unless
+      native. Such a composite is written for the backends that have the functional kernel and may
+      check the device type by name: mode.values refuses every device but CPU, CUDA and XPU, so on
+      a PrivateUse1 device it fails before any backend kernel could run."""
     structured = [
         name for out, names in db.structured_families().items() if not is_native(f"aten::{out}") for name in names
     ]
     composite = [
         name for name in db.with_kernels_for("CPU", "CompositeExplicitAutograd") if not is_native(f"aten::{name}")
     ]
-    return sorted(set(structured + composite))
+    return sorted(set(structured + composite + _composite_outs_of_backend_ops(db, is_native)))
+
+
+def _composite_outs_of_backend_ops(db: OpDB, is_native) -> list[str]:
+    declared = _declared_overloads()  # not the out= forms torchgen adds (`autogen`): those work anywhere
+    out = []
+    for name in db.with_kernels_for("CompositeExplicitAutograd"):
+        op = db.get(name)
+        if op is None or op.kind != "out" or set(op.dispatch_keys) != {"CompositeExplicitAutograd"}:
+            continue
+        if name not in declared:
+            continue
+        functional = db.get(op.base)
+        if functional is None or functional.kind != "functional":
+            continue
+        keys = set(functional.dispatch_keys)
+        if "CPU" in keys and "CompositeExplicitAutograd" not in keys and not is_native(f"aten::{name}"):
+            out.append(name)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _declared_overloads() -> frozenset[str]:
+    """The overloads native_functions.yaml of the installed torch declares itself (`- func: NAME(`)."""
+    import torchgen
+
+    yaml = Path(torchgen.__file__).parent / "packaged" / "ATen" / "native" / "native_functions.yaml"
+    return frozenset(re.findall(r"^- func: ([\w.]+)\(", yaml.read_text(), flags=re.MULTILINE))
 
 
 # --- update: the kernels add-op wrote, carried to the current template and torch --------------------

@@ -35,3 +35,19 @@ def test_quantized_tensors_move_between_host_and_device():
     assert on_device.is_quantized and on_device.device.type == DEVICE and on_device.q_scale() == 0.05
     back = on_device.cpu()
     assert back.is_quantized and torch.equal(back.int_repr(), ref.int_repr()) and back.q_zero_point() == 3
+
+
+def test_a_quantized_tensor_copied_to_the_host_is_a_host_tensor():
+    ref = torch.quantize_per_tensor(torch.randn(6), 0.05, 3, torch.qint8)
+    back = ref.to(DEVICE).cpu()
+    assert back.device.type == "cpu" and back.int_repr().device.type == "cpu"
+    assert torch.equal(back.int_repr(), ref.int_repr())
+
+
+def test_a_non_contiguous_quantized_tensor_keeps_its_quantizer_when_copied():
+    ref = torch.quantize_per_tensor(torch.randn(4, 4), 0.1, 2, torch.quint8)
+    flat = ref.to(DEVICE).t().ravel()  # a copy (clone), not a view
+    assert flat.is_quantized and flat.device.type == DEVICE
+    assert flat.q_scale() == 0.1 and flat.q_zero_point() == 2
+    assert torch.equal(flat.int_repr().cpu(), ref.t().ravel().int_repr())
+    assert torch.empty_like(ref.to(DEVICE)).q_scale() == 0.1

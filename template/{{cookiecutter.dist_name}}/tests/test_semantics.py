@@ -206,3 +206,22 @@ def test_a_result_of_a_layout_the_device_lacks_is_a_clear_error():
     # sparse results come back as device sparse tensors (tests/test_sparse.py); an MKL-DNN one cannot
     with pytest.raises(RuntimeError, match="supports strided and sparse tensors only.*aten::to_mkldnn.*Mkldnn"):
         torch.ones(3, 3, device=DEVICE).to_mkldnn()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda x, out: torch.mode(x, 1, out=out), id="mode.values"),
+        pytest.param(lambda x, out: torch.dot(x[0], x[1], out=out[0]), id="dot.out"),
+    ],
+)
+def test_an_out_form_whose_composite_kernel_refuses_the_device_runs_on_it(call):
+    # PyTorch's composite kernel of mode.values checks the device type by name (CPU, CUDA, XPU);
+    # the registration file sends such out= forms to the CPU fallback instead
+    x = torch.tensor([[1.0, 2.0, 2.0], [3.0, 3.0, 1.0]])
+    cpu_out = (torch.empty(0), torch.empty(0, dtype=torch.long))
+    device_out = tuple(t.to(DEVICE) for t in cpu_out)
+    call(x, cpu_out)
+    call(x.to(DEVICE), device_out)
+    for d, c in zip(device_out, cpu_out):
+        assert_same(d, c)

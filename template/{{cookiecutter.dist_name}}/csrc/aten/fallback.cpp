@@ -275,6 +275,8 @@ class Staging {
         device_arg_ = v.toDevice();
         v = c10::IValue(c10::Device(c10::DeviceType::CPU));
       }
+    } else if (v.isDevice() && v.toDevice().is_cpu() && fn == &Staging::note) {
+      results_on_host_ = true;  // device=cpu (a quantized tensor's .cpu()): the results stay on the host
     }
   }
 
@@ -367,6 +369,7 @@ class Staging {
   std::unordered_map<const c10::StorageImpl*, size_t> index_;
   std::unordered_map<const c10::StorageImpl*, c10::Storage> new_results_;  // host storage -> its device copy
   std::optional<c10::Device> device_arg_;
+  bool results_on_host_ = false;
   bool nested_ = false;
 
   // A new host storage (a new result's) copied to a device storage, once per storage.
@@ -415,6 +418,7 @@ void Staging::write_back() {
 c10::IValue Staging::to_device(const c10::IValue& v, bool view) {
   auto one = [&](const at::Tensor& h) -> at::Tensor {
     if (!h.defined() || on_device(h)) return h;
+    if (results_on_host_ && !view) return h;  // the operator was asked for host results
     if (h.is_nested()) return nested_to_device(h, view);
     if (sparse::is_sparse_layout(h)) {
       for (const StagedSparse& ss : sparse_) {
@@ -680,3 +684,38 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&{{ cookiecutter.device }}::fallback::run_quantized_on_cpu>());
 }
+
+namespace {{ cookiecutter.device }}::fallback {
+namespace {
+
+// Operators with a QuantizedCPU kernel and a CompositeExplicitAutograd one (clone, empty_like in
+// torch 2.13): a QuantizedPrivateUse1 tensor would take the composite, which makes its result
+// with a plain empty() and so loses the quantizer ("cannot call qscheme on UnknownQuantizer" from a
+// non-contiguous quantized tensor's ravel()). They go to the quantized fallback by name instead, so
+// the QuantizedCPU kernel runs; found in the dispatcher when the library loads, views excepted (the
+// composite keeps those metadata-only).
+struct QuantizedComposites {
+  QuantizedComposites() : library(torch::Library::IMPL, "aten", c10::DispatchKey::QuantizedPrivateUse1, __FILE__, __LINE__) {
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+      if (!op.has_value() || !op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedCPU) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::QuantizedPrivateUse1)) {
+        continue;
+      }
+      bool view = false;
+      for (const c10::Argument& r : op->schema().returns()) view |= r.alias_info() != nullptr;
+      if (view) continue;
+      names.push_back(name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name));
+      library.impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&run_quantized_on_cpu>());
+    }
+  }
+  torch::Library library;
+  std::deque<std::string> names;
+};
+const QuantizedComposites quantized_composites;
+
+}  // namespace
+}  // namespace {{ cookiecutter.device }}::fallback
