@@ -5,6 +5,7 @@
     remove_ops(["aten::mul.out"], Path("torch-mychip"))   # kernel, test, registration, record
     build_backend(Path("torch-mychip"))               # rebuild after an edit
     test_backend(Path("torch-mychip"), opinfo=True)   # its tests and the OpInfo conformance suite
+    run_pytorch_tests(Path("pytorch/test"), ["test_view_ops.py"], Path("torch-mychip"))  # PyTorch's own tests
     list_ops("mul*", Path("torch-mychip"))
     check(Path("torch-mychip"))                       # accept=True: record the installed torch
     profile(Path("train.py"), ["--epochs", "1"], Path("torch-mychip"))  # what ran on the CPU fallback
@@ -22,6 +23,7 @@ from backendgen.commands.check import check
 from backendgen.commands.listing import OpStatus, list_ops
 from backendgen.commands.new import NewResult, new_backend
 from backendgen.commands.profile import profile
+from backendgen.commands.pytorch_suite import run_pytorch_tests
 from backendgen.commands.testing import OPT_IN_SUITES, OptInSuite, SuiteRun, TestResult, test_backend
 from backendgen.commands.update import update_project
 
@@ -47,6 +49,7 @@ __all__ = [
     "new_backend",
     "profile",
     "remove_ops",
+    "run_pytorch_tests",
     "test_backend",
     "update_project",
 ]

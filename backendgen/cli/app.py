@@ -315,10 +315,20 @@ def build_cmd(
 @app.command(
     "test",
     short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
-    "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite.",
+    "--compile: torch.compile's tests; --distributed: multi-process tests; --models: the model suite; "
+    "--pytorch-tests: PyTorch's own device-generic test files.",
 )
 @_handles_errors
 def test_cmd(
+    files: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="FILE[=EXPR]",
+            help="With --pytorch-tests: test files of DIR (test_view_ops.py; nn/test_pooling.py); "
+            "FILE=EXPR runs the tests pytest's -k EXPR selects.",
+            show_default=False,
+        ),
+    ] = None,
     project: Annotated[
         Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
     ] = None,
@@ -366,13 +376,58 @@ def test_cmd(
             help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.",
         ),
     ] = None,
+    pytorch_tests: Annotated[
+        Path | None,
+        typer.Option(
+            "--pytorch-tests",
+            metavar="DIR",
+            help="Instead, run PyTorch's device-generic test FILEs of DIR (a PyTorch checkout's test/ at the "
+            "installed torch's release) on the CPU and on the device, each in its own process, and compare.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            metavar="SECONDS",
+            help="With --pytorch-tests: the longest one test process may run; the test it was running is "
+            "reported as crashed and the rest of the file runs [default: 1800].",
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="With --pytorch-tests: the whole report as JSON on stdout.")
+    ] = False,
 ):
     """Run the project's tests; with --opinfo also its conformance suite (one summary line per
     variant and dtype, then the first unexpected failure of each op); with --compile also its
     torch.compile tests (tests/test_compile.py); with --distributed also its multi-process tests
-    (tests/distributed); with --models also its model suite (tests/models)."""
+    (tests/distributed); with --models also its model suite (tests/models). With --pytorch-tests DIR
+    instead, PyTorch's own device-generic test files: per file, the tests that pass on the CPU and
+    what their device twins do (docs/conformance.md)."""
     from backendgen import api
+    from backendgen.plumbing.errors import UserError
 
+    if pytorch_tests is not None:
+        others = {
+            "--opinfo": opinfo,
+            "--compile": torch_compile,
+            "--distributed": distributed,
+            "--models": models,
+            "-k": patterns,
+            "--dtype": dtypes,
+            "--samples": samples is not None,
+            "--workers": workers is not None,
+            "--strict": strict,
+            "--write-expected": write_expected is not None,
+        }
+        given = [name for name, on in others.items() if on]
+        if given:
+            raise UserError(f"--pytorch-tests runs PyTorch's test files alone: drop {', '.join(given)}")
+        _pytorch_tests(pytorch_tests, files or [], project, timeout=timeout, json_out=json_out)
+        return
+    given = [name for name, on in (("FILE", files), ("--timeout", timeout is not None), ("--json", json_out)) if on]
+    if given:
+        raise UserError(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --pytorch-tests DIR")
     res = api.test_backend(
         project,
         opinfo=opinfo,
@@ -399,6 +454,26 @@ def test_cmd(
     for run in res.opt_in:
         out.print(f"{run.suite.what}: {run.failure or 'passed'} (log: {run.log})")
     raise typer.Exit(res.exit_code)
+
+
+def _pytorch_tests(tests_dir: Path, files: list[str], project: Path | None, *, timeout, json_out: bool):
+    import json
+
+    from backendgen import api
+    from backendgen.plumbing.progress import ConsoleReporter
+
+    # with --json, stdout is the report alone: the progress lines go to stderr
+    reporter = ConsoleReporter(_out(stderr=True), quiet=_state["quiet"]) if json_out else _reporter()
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    report = api.run_pytorch_tests(tests_dir, files, project, reporter=reporter, **kwargs)
+    if json_out:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        out = _out()
+        for line in report.lines():
+            out.print(line)
+        out.print(f"logs and report.json: {report.out}")
+    raise typer.Exit(report.exit_code)
 
 
 @app.command("ops", short_help="List operators: native, CPU fallback or a default kernel.")
