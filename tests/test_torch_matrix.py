@@ -1,7 +1,8 @@
 """The support matrix (the manifest's tested torch versions, support.TESTED) and the real upgrade, as a user meets them.
 
 For each tested torch: a FRESH virtualenv with `torch==X` and this repo installed plainly (a wheel
-built once per session, no extras), then in an empty directory `backendgen new`, `add-op` of a few
+built once per session, no extras), then in an empty directory `backendgen new` (on the default torch
+with the minimal driver, `--driver minimal`, whose model suite then runs too), `add-op` of a few
 operators (structured ones included), an operator of the backend's own with a backward, an autograd
 override and an autocast policy and `check`, each through the real command, and (for each torch
 but the default one, whose compile tests the session runs itself) the project's torch.compile
@@ -59,14 +60,15 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
     work = tmp_path / "empty"
     work.mkdir()
     try:
-        # the default torch's generated suite is the session's own (the same torch and template, built the
-        # same way): here its project is built; a newer torch's runs its generated suite
+        # the default torch's emulator project is the session's own (the same torch and template, built the
+        # same way): here the default torch's project is the minimal driver's (`new --driver minimal`: the port
+        # API alone, device memory the host cannot address), so every command below runs on it too; each
+        # project runs its generated quick suite in `new`
         default = version == support.TESTED[0]
-        new = venv.run("backendgen", "new", device, *(["--no-test"] if default else []), cwd=work)
+        driver = ["--driver", "minimal"] if default else []
+        new = venv.run("backendgen", "new", device, *driver, cwd=work)
         venv.backends.add(f"torch-{device}")
-        assert new.returncode == 0 and ("built" if default else "built and tested") in new.stdout, (
-            new.stdout + new.stderr
-        )
+        assert new.returncode == 0 and "built and tested" in new.stdout, new.stdout + new.stderr
         assert "note:" not in new.stdout  # a tested torch gets no "untested" note
         project = work / f"torch-{device}"
         # kernels, the backend's own operator with a backward and an autocast policy, typed by this
@@ -121,6 +123,8 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
         assert report["errors"] == 0 and report["warnings"] == 0, report["findings"]
         assert any(f["detail"].get("kind") == "tested" for f in report["findings"])
         assert any(f["subject"] == f"{device}::*" and f["severity"] == "ok" for f in report["findings"])
+        if default:
+            _minimal_driver_project(venv, project, device)
         # torch.compile on the device with this torch's Dynamo and Inductor (compiler/ in the project),
         # as the generated README runs it (`backendgen test --compile`, which first reruns the quick
         # suite `new` just ran, is the session's own test on the default torch: tests/test_compile.py)
@@ -143,6 +147,33 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
     finally:
         venv.uninstall_backends()  # one PrivateUse1 backend per environment: leave room for the next test
     log(f"matrix torch {version}: {time.monotonic() - start:.0f} s after its venv was ready")
+
+
+def _minimal_driver_project(venv: Venv, project, device: str) -> None:
+    """What the minimal-driver project promises beyond the commands above: no trace of the emulator, a raw
+    host read of device memory crashes, and its model suite (real models trained against the CPU, eager
+    and compiled, staged through the driver's copies) passes."""
+    files = [p for p in project.rglob("*") if p.is_file() and "build" not in p.relative_to(project).parts]
+    assert not (project / "csrc" / "driver" / "emulator.h").exists()
+    named = [
+        str(p.relative_to(project))
+        for p in files
+        if p.suffix != ".so" and "emulat" in p.read_bytes().decode("utf-8", "replace").lower()
+    ]
+    assert named == [], named
+    raw_read = venv.run(
+        str(venv.python),
+        "-c",
+        f"import ctypes, torch; x = torch.ones(4, device='{device}'); ctypes.string_at(x.data_ptr(), 16)",
+        cwd=project,
+    )
+    assert raw_read.returncode == -11, (raw_read.returncode, raw_read.stderr[-2000:])  # SIGSEGV, as on a chip
+    models = venv.run(
+        str(venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "models", "tests/models", cwd=project
+    )
+    assert models.returncode == 0 and " passed" in models.stdout and "failed" not in models.stdout, (
+        models.stdout[-4000:] + models.stderr[-2000:]
+    )
 
 
 # The first release that removed and changed operators after the oldest tested one (docs/upgrading.md).
