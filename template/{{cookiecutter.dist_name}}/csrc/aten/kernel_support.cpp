@@ -64,7 +64,6 @@ class Staging {
     auto it = copies_.find(memory);
     if (it != copies_.end() && it->second.nbytes >= nbytes) return it->second.host.data();
     Copy& c = copies_[memory];
-    c.device = memory;
     c.nbytes = nbytes;
     c.host.assign(nbytes, 0);
     if (keep != nullptr) c.storage = *keep;
@@ -92,7 +91,6 @@ class Staging {
 
  private:
   struct Copy {
-    const void* device = nullptr;
     size_t nbytes = 0;
     int where = 0;
     std::vector<char> host, before;

@@ -100,8 +100,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 // Whether a copy is one block of bytes: the same dtype, sizes and strides, dense, no conj/neg bits.
 bool dense_same_layout(const at::Tensor& src, const at::Tensor& dst) {
   return src.dtype() == dst.dtype() && src.sizes() == dst.sizes() && src.strides() == dst.strides() &&
-         src.is_non_overlapping_and_dense() && src.is_conj() == dst.is_conj() && !src.is_neg() && !dst.is_neg() &&
-         !src.is_conj();
+         src.is_non_overlapping_and_dense() && !src.is_conj() && !dst.is_conj() && !src.is_neg() && !dst.is_neg();
 }
 
 // Copies between the host and the device, or between devices. The CPU copy kernel handles dtype

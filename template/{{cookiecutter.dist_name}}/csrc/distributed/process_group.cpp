@@ -183,8 +183,8 @@ class Staging {
                                       c10d::OpType type, std::vector<at::Tensor> divide = {}, int size = 1) {
     std::function<void()> finish;
     if (!copy_back_.empty() || !divide.empty()) {
-      finish = [copy_back = std::move(copy_back_), divide = std::move(divide), size] {
-        for (const auto& [original, copy] : copy_back) original.copy_(copy);  // then AVG divides the result
+      finish = [copy_back = take_copy_back(), divide = std::move(divide), size] {
+        copy_back();  // then AVG divides the result
         for (const auto& t : divide) t.div_(size);
       };
     }
