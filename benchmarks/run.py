@@ -3,6 +3,7 @@
     python benchmarks/run.py [--runs 3] [--json benchmarks/results/latest.json] [--no-instructions]
     python benchmarks/run.py --compile-only     # torch.compile's figures alone (about a minute)
     python benchmarks/run.py --only small,fallback   # issue #31's two ratios alone (a build and seconds)
+    python benchmarks/run.py --only training         # issue #44's three training steps (a build and a minute)
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
 Where valgrind is installed, the small-op comparison and the render are also counted in
@@ -37,10 +38,13 @@ TARGETS = {
     "add_op_s": 20.0,
     "check_s": 3.0,
     "small_op_ratio": 1.5,
-    "small_op_roundtrip_ratio": 1.5,
+    "small_op_roundtrip_ratio": 1.3,
     "fallback_large_op_ratio": 2.0,
     "large_op_ratio": 1.1,
     "compile_pointwise_ratio": 0.7,
+    "train_gpt2_ratio": 1.2,
+    "train_resnet18_ratio": 1.2,
+    "train_lstm_ratio": 1.5,
 }
 
 
@@ -108,6 +112,103 @@ DEVICE_BENCH = _RATIO + textwrap.dedent(
 )
 
 
+# Issue #44's three training steps: AdamW on models built from configs, the step timed on the
+# device (synchronized) against the same model on the CPU, in alternation. A GPT-2 (2 layers, n_embd
+# 128, 4 heads, batch 8x64), a ResNet-18 (torchvision's layout: BasicBlocks 2-2-2-2, batch 8 at
+# 64x64; torchvision itself does not load beside the CPU torch) and a 2-layer LSTM (hidden 128,
+# batch 16, 32 steps): the LSTM's cells and elementwise gates are what a per-call wait for the stream
+# slows down most.
+TRAINING = textwrap.dedent(
+    """
+    import copy
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class GPTBlock(nn.Module):
+        def __init__(self, d, heads):
+            super().__init__()
+            self.ln1, self.ln2, self.heads = nn.LayerNorm(d), nn.LayerNorm(d), heads
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(y)
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab=1024, ctx=64, d=128, layers=2, heads=4):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+            self.blocks = nn.Sequential(*[GPTBlock(d, heads) for _ in range(layers)])
+            self.ln = nn.LayerNorm(d)
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.blocks(self.wte(idx) + self.wpe(pos))
+            return F.linear(self.ln(x), self.wte.weight)
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        def forward(self, x):
+            y = F.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return F.relu(y + (x if self.down is None else self.down(x)))
+
+    def resnet18(classes=1000):
+        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        cin = 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)]
+            cin = cout
+        return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+
+    class LSTMModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = nn.LSTM(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 64)
+        def forward(self, x):
+            return self.head(self.lstm(x)[0])
+
+    def training_ratios(dev, dev_sync):
+        torch.manual_seed(0)
+        cases = {
+            "gpt2": (GPT(), torch.randint(0, 1024, (8, 64)),
+                     lambda out, x: F.cross_entropy(out.flatten(0, 1), x.flatten())),
+            "resnet18": (resnet18(), torch.randn(8, 3, 64, 64),
+                         lambda out, x: F.cross_entropy(out, torch.zeros(out.shape[0], dtype=torch.long,
+                                                                           device=out.device))),
+            "lstm": (LSTMModel(), torch.randn(16, 32, 64), lambda out, x: F.mse_loss(out, x)),
+        }
+        figures = {}
+        for name, (model, x, loss_fn) in cases.items():
+            def stepper(device, sync):
+                m = copy.deepcopy(model).to(device)
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+                inp = x.to(device)
+                def step():
+                    opt.zero_grad(set_to_none=True)
+                    loss_fn(m(inp), inp).backward()
+                    opt.step()
+                    sync()
+                return step
+            r = ratio(stepper(dev, dev_sync), stepper("cpu", lambda: None), 3, repeat=7)
+            figures.update({f"train_{name}_ratio": r[0], f"train_{name}_device_ms": r[1] * 1e3,
+                            f"train_{name}_cpu_ms": r[2] * 1e3})
+        return figures
+    """
+)
+
+
 # Issue #31's two figures, side by side in one process; argv[2] names the parts to run (small,fallback).
 # small: `a + b` on 16 floats, 10,000 of them with a synchronize after every 1,000 — the launch, the
 # queue and the wait included, where small_op_ratio above times the launches alone — against the
@@ -118,7 +219,7 @@ DEVICE_BENCH = _RATIO + textwrap.dedent(
 # loads the machine (a CPU kernel split over two threads waits for the slower one; the staging
 # copies run on one thread either way). erfinv, one input and a slow scalar kernel, is the
 # friendlier case and has no target.
-ASYNC_BENCH = _RATIO + textwrap.dedent(
+ASYNC_BENCH = _RATIO + TRAINING + textwrap.dedent(
     """
     parts = sys.argv[2].split(",")
     dev_sync, cpu_sync = getattr(torch, dev).synchronize, torch.cpu.synchronize
@@ -150,10 +251,11 @@ ASYNC_BENCH = _RATIO + textwrap.dedent(
         out.update({"fallback_large_op_ratio": fb[0], "fallback_large_op_device_ms": fb[1] * 1e3,
                     "fallback_large_op_cpu_ms": fb[2] * 1e3, "fallback_large_op_1thread_ratio": fb1[0],
                     "fallback_erfinv_ratio": fe[0]})
+    if "training" in parts:
+        out.update(training_ratios(dev, dev_sync))
     print(json.dumps(out))
     """
 )
-
 
 COMPILE_BENCH = _RATIO + textwrap.dedent(
     """
@@ -271,7 +373,8 @@ def main() -> None:
         metavar="PARTS",
         type=_parts,
         help="only these device figures, comma-separated: small (the synchronized small-op round trip), "
-        "fallback (a 1M-float operator through the CPU fallback); a build and seconds",
+        "fallback (a 1M-float operator through the CPU fallback), training (AdamW steps of a GPT-2, a ResNet-18 "
+        "and an LSTM); a build and seconds (training: a minute)",
     )
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
@@ -357,7 +460,7 @@ def main() -> None:
             res["check_s"] = _median(lambda: _time(_bg("check", "--project", str(root))), args.runs)
 
             res.update(_device_figures(DEVICE_BENCH, device, env))
-            res.update(_device_figures(ASYNC_BENCH, device, env, "small,fallback"))
+            res.update(_device_figures(ASYNC_BENCH, device, env, "small,fallback,training"))
             res.update(_device_figures(COMPILE_BENCH, device, env))
             if not args.no_instructions:
                 res.update(small_op_instructions(device, env))
@@ -368,7 +471,7 @@ def main() -> None:
     _report(res, tu, args.json)
 
 
-ASYNC_PARTS = ("small", "fallback")
+ASYNC_PARTS = ("small", "fallback", "training")
 
 
 def _parts(value: str) -> list[str]:
