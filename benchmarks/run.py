@@ -219,8 +219,11 @@ TRAINING = textwrap.dedent(
 # loads the machine (a CPU kernel split over two threads waits for the slower one; the staging
 # copies run on one thread either way). erfinv, one input and a slow scalar kernel, is the
 # friendlier case and has no target.
-ASYNC_BENCH = _RATIO + TRAINING + textwrap.dedent(
-    """
+ASYNC_BENCH = (
+    _RATIO
+    + TRAINING
+    + textwrap.dedent(
+        """
     parts = sys.argv[2].split(",")
     dev_sync, cpu_sync = getattr(torch, dev).synchronize, torch.cpu.synchronize
     out = {}
@@ -255,6 +258,7 @@ ASYNC_BENCH = _RATIO + TRAINING + textwrap.dedent(
         out.update(training_ratios(dev, dev_sync))
     print(json.dumps(out))
     """
+    )
 )
 
 COMPILE_BENCH = _RATIO + textwrap.dedent(
