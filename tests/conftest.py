@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from torch_venvs import TorchVenvs, versions_needed
+from torch_venvs import TorchVenvs, scenarios_needed, versions_needed
 
 from backendgen import api
 from backendgen.toolchain import build
@@ -58,9 +58,11 @@ def read_only(directory: Path):
 @pytest.fixture(scope="session", autouse=True)
 def torch_venvs(request, tmp_path_factory):
     """The virtualenvs of the selected tests' `torch_venv` marks (tests/test_torch_matrix.py), made in
-    the background from the session's start, so that their installs overlap the builds
-    (tests/torch_venvs.py); nothing when no selected test is marked."""
-    venvs = TorchVenvs(tmp_path_factory.mktemp("torch-venvs"), versions_needed(request.session.items))
+    the background from the session's start, so that their installs overlap the builds, and the
+    scenarios those marks name, run in the background as the venvs are made (tests/torch_venvs.py);
+    nothing when no selected test is marked."""
+    items = request.session.items
+    venvs = TorchVenvs(tmp_path_factory.mktemp("torch-venvs"), versions_needed(items), scenarios_needed(items))
     yield venvs
     venvs.close()
 

@@ -12,7 +12,9 @@ under 2.14.1, fixed with the steps of docs/upgrading.md.
 
 Slow: every session installs every torch in new virtualenvs (the CUDA builds are ~5 GB each; see README,
 "Supported torch versions"). Each virtualenv is made once per session, in the background from the
-session's start (tests/torch_venvs.py: the tests are marked torch_venv), and deleted at its end.
+session's start (tests/torch_venvs.py: the tests are marked torch_venv), and deleted at its end. Each
+test's work (a scenario below: every command and assertion) runs in the background as well, as soon
+as its venvs are made, on the CPU the rest of the session leaves idle; the test waits for its outcome.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from conftest import unique_device
@@ -35,13 +38,6 @@ ADD_OPS = ["aten::abs.out", "topk", "index.Tensor", "cat"]  # plain, and structu
 DEVICE = unique_device("mx")
 
 
-@pytest.fixture
-def venvs(torch_venvs):
-    """venvs(version): the session's fresh virtualenv with torch==version and the repo's wheel, made in
-    the background from the session's start (tests/torch_venvs.py; the test is marked torch_venv)."""
-    return torch_venvs.get
-
-
 def _installed_torch(venv: Venv) -> str:
     proc = venv.run(venv.python, "-c", "import importlib.metadata as m; print(m.version('torch'))", cwd=venv.path)
     return proc.stdout.strip()
@@ -51,13 +47,13 @@ def _no_traceback(proc: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.torch_venv(v)) for v in support.TESTED])
-def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
+def _new_add_op_check(venvs, tmp: Path, version: str) -> None:
+    """The scenario of test_new_add_op_check_on_a_tested_torch[version] (run in the background)."""
     venv = venvs(version)
     start = time.monotonic()
     assert _installed_torch(venv).split("+")[0] == version
     device = DEVICE
-    work = tmp_path / "empty"
+    work = tmp / "empty"
     work.mkdir()
     try:
         # the default torch's emulator project is the session's own (the same torch and template, built the
@@ -149,6 +145,13 @@ def test_new_add_op_check_on_a_tested_torch(version, venvs, tmp_path):
     log(f"matrix torch {version}: {time.monotonic() - start:.0f} s after its venv was ready")
 
 
+@pytest.mark.parametrize(
+    "version", [pytest.param(v, marks=pytest.mark.torch_venv(v, scenario=_new_add_op_check)) for v in support.TESTED]
+)
+def test_new_add_op_check_on_a_tested_torch(version, torch_venvs, request):
+    torch_venvs.outcome(request.node.nodeid)
+
+
 def _minimal_driver_project(venv: Venv, project, device: str) -> None:
     """What the minimal-driver project promises beyond the commands above: no trace of the emulator, a raw
     host read of device memory crashes, and its model suite (real models trained against the CPU, eager
@@ -180,15 +183,13 @@ def _minimal_driver_project(venv: Venv, project, device: str) -> None:
 UPGRADE = ("2.13.0", "2.14.1")
 
 
-@pytest.mark.torch_venv(*UPGRADE)
-def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
-    """docs/upgrading.md, as tested: a project built on torch 2.13.0 with kernels for operators
-    2.14.1 removed (cholesky) and changed (_cdist_backward: grad -> grad_output)."""
+def _upgrade(venvs, tmp: Path) -> None:
+    """The scenario of test_upgrade_2_13_0_to_2_14_1 (run in the background)."""
     assert set(UPGRADE) <= set(support.TESTED)
     old, new = venvs(UPGRADE[0]), venvs(UPGRADE[1])
     start = time.monotonic()
     device = DEVICE
-    work = tmp_path / "empty"
+    work = tmp / "empty"
     work.mkdir()
     project = work / f"torch-{device}"
     dist = f"torch-{device}"
@@ -245,3 +246,10 @@ def test_upgrade_2_13_0_to_2_14_1(venvs, tmp_path):
         old.uninstall_backends()
         new.uninstall_backends()
     log(f"upgrade: {time.monotonic() - start:.0f} s after its venvs were ready")
+
+
+@pytest.mark.torch_venv(*UPGRADE, scenario=_upgrade)
+def test_upgrade_2_13_0_to_2_14_1(torch_venvs, request):
+    """docs/upgrading.md, as tested: a project built on torch 2.13.0 with kernels for operators
+    2.14.1 removed (cholesky) and changed (_cdist_backward: grad -> grad_output)."""
+    torch_venvs.outcome(request.node.nodeid)

@@ -11,6 +11,16 @@ need), so they are ready when the matrix starts. `TorchVenvs.get(version)` waits
 a test waits, the install runs at normal priority.
 No selected test marked: nothing is installed.
 
+The tests' work runs in the background too. A mark may name the test's scenario,
+`torch_venv(version, ..., scenario=fn)`: `fn(venvs, work, **params)` (params: the test's
+parametrization) is what the test used to run in its body, every command and every assertion. A
+second thread runs the selected tests' scenarios one after another, in the tests' order, each as
+soon as its venvs are made, under `nice` like the installs: they use the CPU the session's own
+builds and suites leave idle (the generated suites run on one core), and the session no longer waits
+for them at its end. The test itself waits for its scenario's outcome (`TorchVenvs.outcome`) and
+raises what it raised, with its traceback; while it waits, the scenario gets normal priority. One
+venv runs one scenario at a time (one PrivateUse1 backend per environment).
+
 A virtualenv's PATH is the user's, without the outer test run's venv; ccache is on it (a directory
 holding only `ccache`), as on a CI machine with ccache installed, so the venvs' builds go through it
 like every other build of the session.
@@ -39,6 +49,18 @@ def versions_needed(items) -> list[str]:
     return list(dict.fromkeys(v for item in items for mark in item.iter_markers(MARK) for v in mark.args))
 
 
+def scenarios_needed(items) -> list[tuple[str, tuple[str, ...], object, dict]]:
+    """(test id, versions, scenario, params) of the selected tests whose `torch_venv` mark names a
+    scenario, in the tests' order."""
+    out = []
+    for item in items:
+        for mark in item.iter_markers(MARK):
+            if "scenario" in mark.kwargs:
+                params = dict(getattr(item, "callspec", None).params) if hasattr(item, "callspec") else {}
+                out.append((item.nodeid, tuple(mark.args), mark.kwargs["scenario"], params))
+    return out
+
+
 def _outer_ccache() -> str | None:
     return shutil.which("ccache") or next(
         (str(p) for p in [Path(sys.executable).parent / "ccache"] if p.is_file()), None
@@ -46,7 +68,8 @@ def _outer_ccache() -> str | None:
 
 
 class Venv:
-    def __init__(self, path: Path, torch_version: str, tools: Path | None):
+    def __init__(self, path: Path, torch_version: str, tools: Path | None, owner: TorchVenvs | None = None):
+        self.owner = owner  # whose priority (background or a test waiting) the commands run at
         self.path = path
         self.torch_version = torch_version
         self.bin = path / "bin"
@@ -80,15 +103,18 @@ class Venv:
 
     def run(self, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
         start = time.monotonic()
-        proc = subprocess.run(
-            list(args),
-            cwd=cwd,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=timeout,
-        )
+        if self.owner is None:
+            proc = subprocess.run(
+                list(args),
+                cwd=cwd,
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+            )
+        else:
+            proc = self.owner.run_niced(list(args), cwd=cwd, env=self.env(), timeout=timeout)
         log(f"torch {self.torch_version}: {' '.join(args)} -> {proc.returncode} in {time.monotonic() - start:.0f} s")
         return proc
 
@@ -103,9 +129,13 @@ class Venv:
 class TorchVenvs:
     """Makes the venvs of `versions` in a background thread, one at a time, under `nice`."""
 
-    def __init__(self, base: Path, versions: list[str]):
+    def __init__(self, base: Path, versions: list[str], scenarios: list | None = None):
         self.base = base
         self.versions = versions
+        self.scenarios = scenarios or []
+        self._outcomes: dict[str, BaseException | None] = {}
+        self._scenario_done = {nodeid: threading.Event() for nodeid, *_ in self.scenarios}
+        self._scenario_proc: subprocess.Popen | None = None
         self.timings: dict[str, float] = {}
         self._done = {v: threading.Event() for v in versions}
         self._made: dict[str, Venv] = {}
@@ -123,8 +153,99 @@ class TorchVenvs:
             self.tools.mkdir()
             (self.tools / "ccache").symlink_to(ccache)
         self._thread = threading.Thread(target=self._make_all, name="torch-venvs", daemon=True)
+        self._runner = threading.Thread(target=self._run_scenarios, name="torch-venv-scenarios", daemon=True)
         if versions:
             self._thread.start()
+        if self.scenarios:
+            self._runner.start()
+
+    # ---- the tests' scenarios, in the background ----------------------------------------------------
+
+    def _run_scenarios(self) -> None:
+        pending = list(self.scenarios)
+        while pending:
+            # the first in the tests' order whose venvs are made (the upgrade's need not wait for the
+            # last install); none ready: wait for the next install to finish
+            ready = next((s for s in pending if all(self._done[v].is_set() for v in s[1])), None)
+            if ready is None and not self._stop.is_set():
+                time.sleep(1)
+                continue
+            ready = ready or pending[0]
+            pending.remove(ready)
+            self._run_scenario(*ready)
+
+    def _run_scenario(self, nodeid: str, versions: tuple[str, ...], scenario, params: dict) -> None:
+        try:
+            if self._stop.is_set():
+                raise RuntimeError("the session ended before this scenario ran")
+            for version in versions:
+                if version not in self._made:
+                    raise AssertionError(f"the venv with torch {version} was not made: {self._failed.get(version)}")
+            work = self.base / ("scenario-" + "".join(c if c.isalnum() else "-" for c in nodeid)[-80:])
+            work.mkdir(parents=True, exist_ok=True)
+            start = time.monotonic()
+            scenario(self._background_get, work, **params)
+            log(f"{nodeid}: passed in {time.monotonic() - start:.0f} s (in the background)")
+            self._outcomes[nodeid] = None
+        except BaseException as exc:  # noqa: BLE001 - raised again by outcome(), in the test
+            self._outcomes[nodeid] = exc
+        finally:
+            self._scenario_done[nodeid].set()
+
+    def _background_get(self, version: str) -> Venv:
+        """A scenario's venv: made by now (the runner waited for it)."""
+        return self._made[version]
+
+    def run_niced(self, args: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+        """A scenario's command: under `nice` unless a test is waiting for it, in a process group that
+        outcome() can renice; its output captured like subprocess.run's."""
+        nice = [] if self._urgent.is_set() else ["nice", "-n", "19"]
+        proc = subprocess.Popen(
+            [*nice, *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        self._scenario_proc = proc
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            raise
+        finally:
+            self._scenario_proc = None
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+    def outcome(self, nodeid: str) -> None:
+        """Waits for the scenario of test `nodeid` and raises what it raised."""
+        assert nodeid in self._scenario_done, f"{nodeid}: its torch_venv mark names no scenario"
+        start = time.monotonic()
+        if not self._scenario_done[nodeid].is_set():
+            self._hurry()
+            self._scenario_done[nodeid].wait()
+            self._urgent.clear()
+        waited = time.monotonic() - start
+        self.timings["waited for the background"] = self.timings.get("waited for the background", 0) + waited
+        if waited >= 1:
+            log(f"{nodeid}: waited {waited:.0f} s for it in the background")
+        exc = self._outcomes[nodeid]
+        if exc is not None:
+            raise exc
+
+    def _hurry(self) -> None:
+        """The session has nothing else to run: what runs in the background gets the CPU back (where allowed)."""
+        self._urgent.set()
+        for proc in (self._proc, self._scenario_proc):
+            try:
+                if proc is not None and proc.poll() is None:
+                    os.setpriority(os.PRIO_PGRP, proc.pid, 0)
+            except OSError:  # lowering a niceness needs privileges
+                pass
 
     def _run(self, args: list[str], env: dict | None = None, timeout: float = 1800) -> tuple[int, str]:
         nice = [] if self._urgent.is_set() else ["nice", "-n", "19"]
@@ -172,7 +293,7 @@ class TorchVenvs:
         if rc != 0:
             self._failed[version] = out
             return
-        venv = Venv(path, version, self.tools)
+        venv = Venv(path, version, self.tools, owner=self)
         # a plain install: what the generated tests need (pytest, numpy, expecttest) comes as
         # backendgen's own dependencies
         rc, out = self._run(
@@ -193,14 +314,7 @@ class TorchVenvs:
         assert version in self._done, f"mark the test pytest.mark.{MARK}({version!r}): its venv is made in advance"
         start = time.monotonic()
         if not self._done[version].is_set():
-            # the session has nothing else to run: the install gets the CPU back (where allowed)
-            self._urgent.set()
-            proc = self._proc
-            try:
-                if proc is not None and proc.poll() is None:
-                    os.setpriority(os.PRIO_PGRP, proc.pid, 0)
-            except OSError:  # lowering a niceness needs privileges
-                pass
+            self._hurry()
             self._done[version].wait()
             self._urgent.clear()
         waited = time.monotonic() - start
@@ -213,13 +327,15 @@ class TorchVenvs:
     def close(self) -> None:
         """At the session's end: stop an install still running, delete the venvs (several GB each)."""
         self._stop.set()
-        if self._proc is not None and self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, 15)
-            except OSError:
-                pass
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
+        for proc in (self._proc, self._scenario_proc):
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                except OSError:
+                    pass
+        for thread in (self._thread, self._runner):
+            if thread.is_alive():
+                thread.join(timeout=60)
         for venv in self._made.values():
             venv.uninstall_backends()
         for version in self.versions:
