@@ -43,6 +43,8 @@ SKIP = {
     "runs it as documented, and tests/test_wheel.py runs `build --wheel --test`",
     'python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 -e ".[test]"': "sets up this repository's environment: what .ci/run does before running this suite",
     ("README.md", "pytest"): "this repository's test suite: the one running this test",
+    "pip install torch==2.13.0 .": "installs backendgen into the test environment, which .ci/run set up with the test extra "
+    "(tests/test_torch_matrix.py installs a wheel of this repo without extras into fresh virtualenvs)",
     "backendgen new mychip": "a second PrivateUse1 backend is refused while the session's is installed; tests/test_e2e.py and conftest's built_project run new",
     "cd torch-mychip": "commands run inside the session's project already",
     "backendgen test --opinfo": "the OpInfo suite takes minutes; tests/test_conformance.py runs it",
