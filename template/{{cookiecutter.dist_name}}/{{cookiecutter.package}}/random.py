@@ -3,6 +3,12 @@
 `torch.manual_seed` seeds these too (it calls `manual_seed_all` of the device module). The
 generators live in C++ (csrc/runtime/generator.cpp); these functions reach them through
 `_C.default_generator(index)`, a regular `torch.Generator`.
+
+A generator is counter-based, as CUDA's: its state is a seed and an offset, and each random kernel
+takes the next offset when the host launches it, so what a kernel draws is fixed by the order of
+the host's calls even while earlier kernels are still queued. `get_rng_state` returns that state as
+16 bytes (torch.uint8): the seed, then the offset, each a little-endian uint64 (CUDA's layout);
+`set_rng_state` takes it back, and torch.utils.checkpoint's recompute draws the same numbers.
 """
 
 from __future__ import annotations

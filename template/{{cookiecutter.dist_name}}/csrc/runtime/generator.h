@@ -4,6 +4,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <mutex>
 #include <optional>
 
@@ -14,32 +15,45 @@ const at::Generator& default_generator(c10::DeviceIndex index);
 // A new generator for torch.Generator(device="{{ cookiecutter.device }}").
 at::Generator new_generator(c10::DeviceIndex index);
 
-// Lends a device generator's state to a CPU generator for the duration of a host-side kernel and
-// takes the advanced state back afterwards, so device random streams stay reproducible. The device
-// generator's lock is held for the whole scope — copy the state, draw, write it back — so two
-// threads drawing from one generator draw in turn and never get the same numbers. A caller that
-// lends several generators at once (the CPU fallback) locks them itself, in a fixed order, and
-// passes caller_holds_lock.
+// A device generator is counter-based, as CUDA's Philox one: its state is (seed, offset), and a
+// random kernel reserves the next offset on the host when it launches. What the kernel draws is
+// then fixed by the order of the host's calls — not by when the queued work runs, nor by which
+// stream or thread it runs on — and two kernels never draw the same numbers. get_state/set_state
+// carry the pair as 16 bytes (torch.uint8): the seed, then the offset, each a little-endian
+// uint64 — CUDA's layout.
+struct Draw {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  // The CPU generator the kernel draws with, derived from (seed, offset) alone: offset 0 is the CPU
+  // generator seeded with `seed` (the first draw after manual_seed(s) is the CPU's after
+  // torch.manual_seed(s)); any other offset, an engine state hashed from the pair.
+  at::Generator host() const;
+};
+
+// Reserves the next offset of `gen` (the device's default generator when `gen` is empty) for one
+// kernel on `device`, under the generator's lock.
+Draw reserve(const std::optional<at::Generator>& gen, c10::Device device);
+
+// For a random operator run on the calling thread (the CPU fallback): reserves one offset of a
+// device generator and lends the CPU kernel the generator derived from it. A caller that lends
+// several generators at once (the CPU fallback) locks them itself, in a fixed order, and passes
+// caller_holds_lock.
 class HostGeneratorScope {
  public:
   HostGeneratorScope(const std::optional<at::Generator>& gen, c10::Device device, bool caller_holds_lock = false);
-  ~HostGeneratorScope();
   HostGeneratorScope(const HostGeneratorScope&) = delete;
   HostGeneratorScope& operator=(const HostGeneratorScope&) = delete;
   std::optional<at::Generator> host() const { return host_; }
 
  private:
-  at::Generator device_;
-  std::unique_lock<std::mutex> lock_;  // of device_, unless the caller holds it
   at::Generator host_;
 };
 
 // For a host-side kernel that draws from the CPU's default generator (a random operator run by the
-// CPU fallback with no generator argument): the CPU's default generator holds the device's default
-// state for the duration, the device generator takes the advanced state back, and the CPU's own
-// state is restored. The device generator's lock is held throughout (as above). Another thread
-// drawing CPU random numbers meanwhile would draw from the device's stream: the fallback is not
-// meant for concurrent use with the CPU's generator.
+// CPU fallback with no generator argument): reserves one offset of the device's default generator,
+// the CPU's default generator holds the generator derived from it for the duration, and the CPU's
+// own state is restored. Another thread drawing CPU random numbers meanwhile would draw from the
+// device's stream: the fallback is not meant for concurrent use with the CPU's generator.
 class DefaultGeneratorScope {
  public:
   explicit DefaultGeneratorScope(c10::Device device, bool caller_holds_lock = false);
@@ -48,8 +62,6 @@ class DefaultGeneratorScope {
   DefaultGeneratorScope& operator=(const DefaultGeneratorScope&) = delete;
 
  private:
-  at::Generator device_;
-  std::unique_lock<std::mutex> lock_;  // of device_, unless the caller holds it
   at::Generator cpu_saved_;
 };
 
