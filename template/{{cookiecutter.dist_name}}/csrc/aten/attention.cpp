@@ -15,7 +15,9 @@
 // and value of one floating dtype on one device, no dropout, a mask of that dtype or bool, equal
 // head counts or grouped-query attention with enable_gqa) and the user has not disabled it
 // (torch.nn.attention.sdpa_kernel), else math (the composite reference, operator by operator).
-// The forward and backward compute attention with ATen operators on the device memory, in float32
+// The forward and backward are launches: the host checks the arguments and allocates the results,
+// and the queued work computes attention with CPU ATen operators on host aliases of the device
+// memory, in float32
 // (float64 for float64 inputs): scores = scale * Q K^T, the causal mask (top-left, as the math
 // backend) and attn_mask applied, logsumexp over keys, softmax = exp(scores - logsumexp) (0 for a
 // row every key is masked from, as the math backend's _safe_softmax), output = softmax V. The
@@ -151,10 +153,10 @@ HostForward forward_on_host(const at::Tensor& query, const at::Tensor& key, cons
 using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt, at::Tensor,
                                  at::Tensor, at::Tensor>;
 
-// `host` (a result computed on the host) laid out as PyTorch's fake kernels promise, which
+// The strides of a result of `sizes` laid out as PyTorch's fake kernels promise, which
 // torch.compile asserts: `like`'s order of dimensions by stride (what empty_like(like) gives; the
 // forward's output follows the query even when its last dimension differs).
-at::Tensor in_layout_of(const at::Tensor& host, const at::Tensor& like) {
+std::vector<int64_t> strides_like(c10::IntArrayRef sizes, const at::Tensor& like) {
   const int64_t n = like.dim();
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -163,13 +165,17 @@ at::Tensor in_layout_of(const at::Tensor& host, const at::Tensor& like) {
   int64_t stride = 1;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     strides[*it] = stride;
-    stride *= host.size(*it);
+    stride *= sizes[*it];
   }
-  if (host.strides() == c10::IntArrayRef(strides)) return host;
-  at::Tensor out = host.new_empty_strided(host.sizes(), strides);
-  out.copy_(host);
-  return out;
+  return strides;
 }
+
+// A new device tensor on the current device with `like`'s sizes and order of strides.
+at::Tensor empty_in_layout_of(c10::IntArrayRef sizes, const at::Tensor& like, c10::ScalarType dtype) {
+  return kernels::empty_device(sizes, strides_like(sizes, like), c10::TensorOptions().dtype(dtype));
+}
+
+at::Tensor defined_or_none(const std::optional<at::Tensor>& t) { return t.has_value() ? *t : at::Tensor(); }
 
 // Returns (output [B, H, L, Ev], logsumexp [B, H, L] in the accumulate type, cum_seq_q, cum_seq_k
 // (undefined: no nested inputs), max_q = L, max_k = S, philox_seed, philox_offset (0: no dropout),
@@ -181,21 +187,40 @@ ForwardResult forward(const at::Tensor& query, const at::Tensor& key, const at::
   const c10::Device device = kernels::common_device(op, kernels::CpuArgs::rejected, query, key, value, attn_bias);
   TORCH_CHECK(dropout_p == 0.0, op, " on {{ cookiecutter.device }} has no dropout (_fused_sdp_choice picks the math backend for "
               "dropout_p > 0), got dropout_p=", dropout_p);
-  c10::OptionalDeviceGuard guard(device);
-  kernels::StreamScope on_stream(device, "scaled_dot_product_attention");
-  const at::Tensor mask = attn_bias.has_value() ? kernels::host_alias(*attn_bias) : at::Tensor();
-  HostForward host = forward_on_host(kernels::host_alias(query), kernels::host_alias(key), kernels::host_alias(value),
-                                     mask, is_causal, scale);
-  const at::Tensor philox = host.output.new_zeros(at::IntArrayRef{}, at::kLong);
-  return {kernels::to_device(in_layout_of(host.output, query), device),
-          kernels::to_device(host.logsumexp, device),
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, op, ": expected 4-D query, key and value, got ",
+              query.sizes(), ", ", key.sizes(), " and ", value.sizes());
+  c10::DeviceGuard guard(device);
+  // ---- on the host: the results' geometry ----
+  const c10::ScalarType acc = accumulate_type(query.scalar_type());
+  const int64_t out_sizes[4] = {query.size(0), query.size(1), query.size(2), value.size(3)};
+  at::Tensor output = empty_in_layout_of(out_sizes, query, query.scalar_type());
+  at::Tensor logsumexp = kernels::empty_device({query.size(0), query.size(1), query.size(2)}, {},
+                                               c10::TensorOptions().dtype(acc));
+  at::Tensor philox_seed = kernels::empty_device({}, {}, c10::TensorOptions().dtype(at::kLong));
+  at::Tensor philox_offset = kernels::empty_device({}, {}, c10::TensorOptions().dtype(at::kLong));
+  at::Tensor debug_mask = kernels::empty_device({0}, {}, c10::TensorOptions().dtype(acc));
+  // ---- queued: replace with your SDK's fused attention kernel ----
+  kernels::launch(device, "scaled_dot_product_attention",
+                  [q = kernels::held(query), k = kernels::held(key), v = kernels::held(value),
+                   mask = kernels::held(attn_bias), out_h = kernels::held(output), lse_h = kernels::held(logsumexp),
+                   seed_h = kernels::held(philox_seed), offset_h = kernels::held(philox_offset), is_causal,
+                   scale]() mutable {
+                    HostForward host = forward_on_host(q.get(), k.get(), v.get(), defined_or_none(mask.get()),
+                                                       is_causal, scale);
+                    out_h.get().copy_(host.output);
+                    lse_h.get().copy_(host.logsumexp);
+                    seed_h.get().zero_();
+                    offset_h.get().zero_();
+                  });
+  return {output,
+          logsumexp,
           at::Tensor(),
           at::Tensor(),
           c10::SymInt(query.size(-2)),
           c10::SymInt(key.size(-2)),
-          kernels::to_device(philox, device),
-          kernels::to_device(philox.clone(), device),
-          kernels::to_device(host.output.new_empty({0}, accumulate_type(query.scalar_type())), device)};
+          philox_seed,
+          philox_offset,
+          debug_mask};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
@@ -207,35 +232,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
   const c10::Device device =
       kernels::common_device(op, kernels::CpuArgs::rejected, grad_out, query, key, value, attn_bias, logsumexp);
   TORCH_CHECK(dropout_p == 0.0, op, " on {{ cookiecutter.device }} has no dropout, got dropout_p=", dropout_p);
-  c10::OptionalDeviceGuard guard(device);
-  kernels::StreamScope on_stream(device, "scaled_dot_product_attention_backward");
-  const c10::ScalarType acc = accumulate_type(query.scalar_type());
-  const int64_t heads = query.size(-3), kv_heads = key.size(-3);
-  const double s = scale_of(query, scale);
-  const at::Tensor q = kernels::host_alias(query).to(acc);
-  const at::Tensor k = expand_heads(kernels::host_alias(key).to(acc), heads);
-  const at::Tensor v = expand_heads(kernels::host_alias(value).to(acc), heads);
-  const at::Tensor mask = attn_bias.defined() ? kernels::host_alias(attn_bias) : at::Tensor();
-  const at::Tensor dout = kernels::host_alias(grad_out).to(acc);
-  const at::Tensor sc = scores(q, k, mask, is_causal, s);
-  const at::Tensor lse = logsumexp.defined() ? kernels::host_alias(logsumexp).to(acc) : sc.logsumexp({-1});
-  const at::Tensor p = softmax_from(sc, lse);
-  const at::Tensor dp = dout.matmul(v.transpose(-2, -1));
-  const at::Tensor ds = p.mul(dp.sub(dp.mul(p).sum({-1}, /*keepdim=*/true)));  // d scores (before the scale)
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, op, ": expected 4-D query, key and value, got ",
+              query.sizes(), ", ", key.sizes(), " and ", value.sizes());
+  c10::DeviceGuard guard(device);
+  // ---- on the host: each gradient in its input's layout (the fake kernels' empty_like) ----
   at::Tensor dq, dk, dv, dbias;
-  // each gradient in its input's layout (the fake kernels' empty_like)
-  if (grad_input_mask[0]) dq = kernels::to_device(in_layout_of(ds.matmul(k).mul_(s).to(query.scalar_type()), query), device);
-  if (grad_input_mask[1]) {
-    dk = kernels::to_device(
-        in_layout_of(reduce_heads(ds.transpose(-2, -1).matmul(q).mul_(s), kv_heads).to(key.scalar_type()), key), device);
+  if (grad_input_mask[0]) dq = empty_in_layout_of(query.sizes(), query, query.scalar_type());
+  if (grad_input_mask[1]) dk = empty_in_layout_of(key.sizes(), key, key.scalar_type());
+  if (grad_input_mask[2]) dv = empty_in_layout_of(value.sizes(), value, value.scalar_type());
+  if (grad_input_mask[3] && attn_bias.defined() && attn_bias.is_floating_point()) {
+    dbias = empty_in_layout_of(attn_bias.sizes(), attn_bias, attn_bias.scalar_type());
   }
-  if (grad_input_mask[2]) {
-    dv = kernels::to_device(
-        in_layout_of(reduce_heads(p.transpose(-2, -1).matmul(dout), kv_heads).to(value.scalar_type()), value), device);
-  }
-  if (grad_input_mask[3] && mask.defined() && mask.is_floating_point()) {
-    dbias = kernels::to_device(in_layout_of(ds.sum_to_size(mask.sizes()).to(mask.scalar_type()), attn_bias), device);
-  }
+  // ---- queued: replace with your SDK's fused attention backward ----
+  kernels::launch(
+      device, "scaled_dot_product_attention_backward",
+      [go = kernels::held(grad_out), query_h = kernels::held(query), key_h = kernels::held(key),
+       value_h = kernels::held(value), mask_h = kernels::held(attn_bias), lse_h = kernels::held(logsumexp),
+       dq_h = kernels::held(dq), dk_h = kernels::held(dk), dv_h = kernels::held(dv), dbias_h = kernels::held(dbias),
+       is_causal, scale]() mutable {
+        const at::Tensor& query = query_h.get();
+        const c10::ScalarType acc = accumulate_type(query.scalar_type());
+        const int64_t heads = query.size(-3), kv_heads = key_h.get().size(-3);
+        const double s = scale_of(query, scale);
+        const at::Tensor q = query.to(acc);
+        const at::Tensor k = expand_heads(key_h.get().to(acc), heads);
+        const at::Tensor v = expand_heads(value_h.get().to(acc), heads);
+        const at::Tensor& mask = mask_h.get();
+        const at::Tensor dout = go.get().to(acc);
+        const at::Tensor sc = scores(q, k, mask, is_causal, s);
+        const at::Tensor lse = lse_h.get().defined() ? lse_h.get().to(acc) : sc.logsumexp({-1});
+        const at::Tensor p = softmax_from(sc, lse);
+        const at::Tensor dp = dout.matmul(v.transpose(-2, -1));
+        const at::Tensor ds = p.mul(dp.sub(dp.mul(p).sum({-1}, /*keepdim=*/true)));  // d scores (before the scale)
+        if (dq_h.get().defined()) dq_h.get().copy_(ds.matmul(k).mul_(s));
+        if (dk_h.get().defined()) dk_h.get().copy_(reduce_heads(ds.transpose(-2, -1).matmul(q).mul_(s), kv_heads));
+        if (dv_h.get().defined()) dv_h.get().copy_(reduce_heads(p.transpose(-2, -1).matmul(dout), kv_heads));
+        if (dbias_h.get().defined()) dbias_h.get().copy_(ds.sum_to_size(mask.sizes()));
+      });
   return {dq, dk, dv, dbias};
 }
 
