@@ -47,8 +47,15 @@ def _lstm_device(ig, hg, cx, ib, hb, grad_hy, grad_cy):
 
 def _lstm_inputs():
     b, h = 8, 16
-    return [_randn(b, 4 * h, seed=1), _randn(b, 4 * h, seed=2), _randn(b, h, seed=3), _randn(4 * h, seed=4),
-            _randn(4 * h, seed=5), _randn(b, h, seed=6), _randn(b, h, seed=7)]
+    return [
+        _randn(b, 4 * h, seed=1),
+        _randn(b, 4 * h, seed=2),
+        _randn(b, h, seed=3),
+        _randn(4 * h, seed=4),
+        _randn(4 * h, seed=5),
+        _randn(b, h, seed=6),
+        _randn(b, h, seed=7),
+    ]
 
 
 def _gru_reference(ig, hg, hx, ib, hb, grad_hy):
@@ -70,8 +77,14 @@ def _gru_device(ig, hg, hx, ib, hb, grad_hy):
 
 def _gru_inputs():
     b, h = 8, 16
-    return [_randn(b, 3 * h, seed=1), _randn(b, 3 * h, seed=2), _randn(b, h, seed=3), _randn(3 * h, seed=4),
-            _randn(3 * h, seed=5), _randn(b, h, seed=6)]
+    return [
+        _randn(b, 3 * h, seed=1),
+        _randn(b, 3 * h, seed=2),
+        _randn(b, h, seed=3),
+        _randn(3 * h, seed=4),
+        _randn(3 * h, seed=5),
+        _randn(b, h, seed=6),
+    ]
 
 
 def _sdpa_reference(q, k, v, grad_out):
@@ -94,22 +107,34 @@ def _sdpa_inputs():
 
 
 def _out_dtype_inputs():
-    return [_randn(2, 8, 12, dtype=torch.bfloat16, seed=1), _randn(2, 12, 4, dtype=torch.bfloat16, seed=2),
-            _randn(8, 4, seed=3)]
+    return [
+        _randn(2, 8, 12, dtype=torch.bfloat16, seed=1),
+        _randn(2, 12, 4, dtype=torch.bfloat16, seed=2),
+        _randn(8, 4, seed=3),
+    ]
 
 
 def _out_dtype_device(a, b, bias):
     out = torch.empty(8, 4, device=a.device)
     torch.mm(a[0], b[0], out_dtype=torch.float32, out=out)
-    return [torch.mm(a[0], b[0], out_dtype=torch.float32), torch.bmm(a, b, out_dtype=torch.float32),
-            torch.addmm(bias, a[1], b[1], out_dtype=torch.float32, beta=0.5, alpha=2),
-            torch.baddbmm(bias, a, b, out_dtype=torch.float32), out]
+    return [
+        torch.mm(a[0], b[0], out_dtype=torch.float32),
+        torch.bmm(a, b, out_dtype=torch.float32),
+        torch.addmm(bias, a[1], b[1], out_dtype=torch.float32, beta=0.5, alpha=2),
+        torch.baddbmm(bias, a, b, out_dtype=torch.float32),
+        out,
+    ]
 
 
 def _out_dtype_reference(a, b, bias):
     a, b = a.float(), b.float()
-    return [a[0] @ b[0], a @ b, torch.addmm(bias, a[1], b[1], beta=0.5, alpha=2), torch.baddbmm(bias, a, b),
-            a[0] @ b[0]]
+    return [
+        a[0] @ b[0],
+        a @ b,
+        torch.addmm(bias, a[1], b[1], beta=0.5, alpha=2),
+        torch.baddbmm(bias, a, b),
+        a[0] @ b[0],
+    ]
 
 
 def _histc_inputs():
@@ -131,8 +156,14 @@ EPS = 1e-5
 
 
 def _sync_bn_inputs():
-    return [_randn(6, 4, 5, seed=1), _randn(4, seed=2), _randn(4, seed=3), _randn(6, 4, 5, seed=4),
-            torch.zeros(4), torch.ones(4)]
+    return [
+        _randn(6, 4, 5, seed=1),
+        _randn(4, seed=2),
+        _randn(4, seed=3),
+        _randn(6, 4, 5, seed=4),
+        torch.zeros(4),
+        torch.ones(4),
+    ]
 
 
 def _sync_bn_device(x, weight, bias, grad, running_mean, running_var):
@@ -146,8 +177,7 @@ def _sync_bn_device(x, weight, bias, grad, running_mean, running_var):
     sum_dy, sum_dy_xmu, grad_weight, grad_bias = torch.batch_norm_backward_reduce(
         grad, x, mean, invstd, weight, True, True, True
     )
-    grad_x = torch.batch_norm_backward_elemt(grad, x, mean, invstd, weight, sum_dy, sum_dy_xmu,
-                                             counts.to(torch.int32))
+    grad_x = torch.batch_norm_backward_elemt(grad, x, mean, invstd, weight, sum_dy, sum_dy_xmu, counts.to(torch.int32))
     return [out, grad_x, grad_weight, grad_bias, running_mean, running_var]
 
 
@@ -162,12 +192,14 @@ def _bn_device(x, weight, bias, grad, running_mean, running_var):
     out, save_mean, save_invstd = torch.ops.aten.native_batch_norm(
         x, weight, bias, running_mean, running_var, True, 0.1, EPS
     )
-    return [out, running_mean, running_var]
+    return [out, save_mean, save_invstd, running_mean, running_var]
 
 
-def _native_bn_reference(*inputs):
-    ref = _bn_reference(*inputs)
-    return [ref[0], ref[4], ref[5]]
+def _native_bn_reference(x, *rest):
+    ref = _bn_reference(x, *rest)
+    dims = (0, 2)
+    invstd = (x.var(dims, unbiased=False) + EPS).rsqrt()
+    return [ref[0], x.mean(dims), invstd, ref[4], ref[5]]
 
 
 CASES = {
