@@ -18,9 +18,15 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import DEVICE, queued_copies, queued_kernels, requires, run_python
+from tests.conftest import (
+    DEVICE,
+    fresh_process,
+    queued_copies,
+    queued_kernels,
+    requires,
+)
 
-BUSY_US = 300_000  # long enough that the host finishes its part while the stream still sleeps
+BUSY_US = 100_000  # long enough that the host finishes its part (microseconds) while the stream still sleeps
 N = 4096
 
 pytestmark = pytest.mark.usefixtures("drained")  # no queued work outlives a test
@@ -245,12 +251,14 @@ def test_the_caching_allocator_keeps_freed_memory_until_empty_cache(mod):
     assert torch.accelerator.memory_stats(0)["reserved_bytes.all.current"] == reserved
 
 
+HOST_READS_DEVICE_MEMORY = fresh_process(
+    "import ctypes, torch, {{ cookiecutter.package }}\n"
+    "t = torch.ones(16, device='{{ cookiecutter.device }}')\n"
+    "print(ctypes.c_float.from_address(t.data_ptr()).value)\n"
+)
+
+
 def test_host_code_cannot_touch_device_memory_by_accident():
     # Reading a device pointer on the host is a crash here, as on a real accelerator.
-    code = (
-        "import ctypes, torch, {{ cookiecutter.package }}\n"
-        "t = torch.ones(16, device='{{ cookiecutter.device }}')\n"
-        "print(ctypes.c_float.from_address(t.data_ptr()).value)\n"
-    )
-    out = run_python(code)
+    out = HOST_READS_DEVICE_MEMORY.result()
     assert out.returncode == -signal.SIGSEGV, (out.returncode, out.stdout, out.stderr[-2000:])

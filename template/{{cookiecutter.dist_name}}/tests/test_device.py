@@ -1,11 +1,9 @@
 """The device module, generated methods, autoload and torch.accelerator — as a user meets them."""
 
-import os
-
 import pytest
 import torch
 
-from tests.conftest import DEVICE, run_python
+from tests.conftest import DEVICE, fresh_process
 
 
 def test_device_module(mod):
@@ -74,24 +72,17 @@ def test_cross_device_op_is_a_clear_error(mod):
         a + b
 
 
+# fresh_process's process has done a plain `import torch`, autoload on, and nothing else
+PLAIN_IMPORT = fresh_process(f"import torch; print(torch.ones(2, device='{DEVICE}').device.type)")
+
+
 def test_plain_import_torch_loads_the_backend():
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    out = run_python(f"import torch; print(torch.ones(2, device='{DEVICE}').device.type)", env=env)
+    out = PLAIN_IMPORT.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == DEVICE
 
 
-def test_autoload_can_be_turned_off():
-    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    out = run_python(f"import torch; print(hasattr(torch, '{DEVICE}'))", env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
-
-
-def test_lazy_initialisation():
-    # Nothing initialises the runtime before the first use; _lazy_init (what PyTorch calls before
-    # the first tensor on the device) runs the hooks' init() once, and is_initialized reflects it.
-    code = f"""
+LAZY_INIT = fresh_process(f"""
 import torch, {{ cookiecutter.package }}
 mod = getattr(torch, '{DEVICE}')
 print(mod.is_initialized())
@@ -99,14 +90,18 @@ mod._lazy_init()
 print(mod.is_initialized())
 mod.init()
 print(mod.is_initialized())
-"""
-    out = run_python(code)
+""")
+
+
+def test_lazy_initialisation():
+    # Nothing initialises the runtime before the first use; _lazy_init (what PyTorch calls before
+    # the first tensor on the device) runs the hooks' init() once, and is_initialized reflects it.
+    out = LAZY_INIT.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "True"]
 
 
-def test_first_tensor_initialises_the_device_and_a_fork_before_that_may_use_it():
-    code = f"""
+FORK_BEFORE_AND_AFTER_INIT = fresh_process(f"""
 import os, torch, {{ cookiecutter.package }}
 mod = getattr(torch, '{DEVICE}')
 pid = os.fork()
@@ -126,8 +121,11 @@ if pid == 0:  # forked after: PyTorch's flag is set and the device refuses
     os._exit(7)
 _, status = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(status))
-"""
-    out = run_python(code)
+""")
+
+
+def test_first_tensor_initialises_the_device_and_a_fork_before_that_may_use_it():
+    out = FORK_BEFORE_AND_AFTER_INIT.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "True", "0"]
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tests.conftest import DEVICE, run_python
+from tests.conftest import DEVICE, fresh_process
 
 CONTRACT = [
 {%- for name in cookiecutter._manifest.device_module.provides %}
@@ -30,10 +30,7 @@ def test_attribute_exists(name):
         obj = getattr(obj, part)
 
 
-def test_initialized_follows_lazy_init_and_fork():
-    # as torch.cuda._initialized: False before the first use, True after it, False in a child
-    # forked after the parent initialised the device
-    code = f"""
+INITIALIZED_FLAG = fresh_process(f"""
 import os, torch, {{ cookiecutter.package }}
 mod = getattr(torch, {DEVICE!r})
 print(mod._initialized)
@@ -44,15 +41,18 @@ if pid == 0:
     print(mod._initialized, flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
-"""
-    out = run_python(code)
+""")
+
+
+def test_initialized_follows_lazy_init_and_fork():
+    # as torch.cuda._initialized: False before the first use, True after it, False in a child
+    # forked after the parent initialised the device
+    out = INITIALIZED_FLAG.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True", "False"]
 
 
-def test_lazy_call_defers_until_the_device_is_initialised():
-    # torch.accelerator (torch 2.14 and later) defers seeding through the device module's _lazy_call
-    code = f"""
+LAZY_CALL = fresh_process(f"""
 import torch, {{ cookiecutter.package }}
 mod = getattr(torch, {DEVICE!r})
 ran = []
@@ -64,8 +64,12 @@ torch.ones(1, device={DEVICE!r})
 print(",".join(ran).replace(" ", "_"))
 mod._lazy_call(lambda: ran.append("now"))
 print(ran[-1])
-"""
-    out = run_python(code)
+""")
+
+
+def test_lazy_call_defers_until_the_device_is_initialised():
+    # torch.accelerator (torch 2.14 and later) defers seeding through the device module's _lazy_call
+    out = LAZY_CALL.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "second_seed,call", "now"]
 

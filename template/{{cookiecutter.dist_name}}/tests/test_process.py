@@ -1,10 +1,9 @@
-"""Process-level behaviour: clean interpreter exit, fork without re-initialisation, and a process
-where another backend holds PrivateUse1."""
+"""Process-level behaviour: clean interpreter exit, fork without re-initialisation, autoload turned
+off, and a process where another backend holds PrivateUse1."""
 
-import subprocess
-import sys
+import os
 
-from tests.conftest import DEVICE, run_python
+from tests.conftest import DEVICE, fresh_process
 
 TRAIN = f"""
 import torch
@@ -13,36 +12,35 @@ loss = m(torch.randn(2, 4, device='{DEVICE}')).sum()
 loss.backward()
 print('ok')
 """
+# an exit race shows only sometimes: five processes, started together (more contention at exit);
+# each ends through the interpreter's finalization
+CLEAN_EXIT = fresh_process(TRAIN, copies=5)
 
 
 def test_clean_exit_after_backward():
-    # an exit race shows only sometimes: five interpreters, started together (less wall time than
-    # one after another, and more contention at exit)
-    runs = [subprocess.Popen([sys.executable, "-c", TRAIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(5)]
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=300)
-        assert run.returncode == 0, stderr
-        assert stdout.strip() == "ok"
-        assert "terminate called" not in stderr
+    for run in CLEAN_EXIT.results():
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == "ok"
+        assert "terminate called" not in run.stderr
 
 
-def test_clean_exit_after_an_exception_in_a_kernel():
-    code = f"""
+EXCEPTION_IN_A_KERNEL = fresh_process(f"""
 import torch
 try:
     torch.empty(2, device='{DEVICE}:99')
 except Exception as e:
     print(type(e).__name__)
 x = torch.ones(2, device='{DEVICE}')
-"""
-    out = run_python(code)
+""")
+
+
+def test_clean_exit_after_an_exception_in_a_kernel():
+    out = EXCEPTION_IN_A_KERNEL.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "RuntimeError"
 
 
-def test_use_after_fork_is_a_clear_error():
-    code = f"""
+USE_AFTER_FORK = fresh_process(f"""
 import os, torch
 torch.ones(2, device='{DEVICE}')
 pid = os.fork()
@@ -54,19 +52,22 @@ if pid == 0:
         os._exit(0 if 'fork' in str(e) else 4)
 _, status = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(status))
-"""
-    out = run_python(code)
+""")
+
+
+def test_use_after_fork_is_a_clear_error():
+    out = USE_AFTER_FORK.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
 
 
-def test_another_backend_holding_private_use1_is_refused_without_an_abort():
-    # another backend got PrivateUse1 first: loading this one must not abort the process
-    code = """
-import os, warnings
-os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+# One new interpreter with TORCH_DEVICE_BACKEND_AUTOLOAD=0 at import serves the two tests below:
+# `import torch` leaves the backend out; then another backend takes PrivateUse1 first.
+AUTOLOAD_OFF = fresh_process(f"""
 import torch
+print(hasattr(torch, '{DEVICE}'), flush=True)
 torch.utils.rename_privateuse1_backend("otherdev")
+import warnings
 try:
     import {{ cookiecutter.package }}
 except ImportError as e:
@@ -77,7 +78,16 @@ with warnings.catch_warnings(record=True) as caught:
     {{ cookiecutter.package }}_autoload.load()
 print("warned:", any("failed to load" in str(w.message) for w in caught))
 print(torch.ones(2).sum().item())
-"""
-    out = run_python(code)
+""", env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
+
+
+def test_autoload_can_be_turned_off():
+    out = AUTOLOAD_OFF.result()
+    assert out.stdout.split()[:1] == ["False"], (out.stdout, out.stderr)
+
+
+def test_another_backend_holding_private_use1_is_refused_without_an_abort():
+    # another backend got PrivateUse1 first: loading this one must not abort the process
+    out = AUTOLOAD_OFF.result()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["refused:", "True", "warned:", "True", "2.0"], out.stdout
+    assert out.stdout.split() == ["False", "refused:", "True", "warned:", "True", "2.0"], out.stdout

@@ -10,12 +10,10 @@ become a copy there: the fallback raises an error naming `backendgen add-op` ins
 {{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES=1 accepts the copy.
 """
 
-import os
-
 import pytest
 import torch
 
-from tests.conftest import DEVICE, fallback_warnings, run_python
+from tests.conftest import DEVICE, fallback_warnings, fresh_process
 
 
 def both(cpu: torch.Tensor):
@@ -109,12 +107,13 @@ lib.define("flat(Tensor(a) x) -> Tensor(a)")
 lib.impl("flat", lambda x: x.view(-1), "CPU")  # a true view on the CPU
 torch.ops.viewwarn.flat(torch.zeros(4, 2, device="{{ cookiecutter.device }}"))
 """
+FALLBACK_VIEW_WARNED = fresh_process(_FALLBACK_VIEW, set_env={"{{ cookiecutter.DEVICE }}_WARN_FALLBACK": "1"})
 
 
 def test_the_fallback_warning_says_a_view_through_the_fallback_copies():
     # every ATen view operator that would reach the fallback has a native kernel (the test below),
     # so a view operator of another library stands in
-    out = run_python(_FALLBACK_VIEW, env={**os.environ, "{{ cookiecutter.DEVICE }}_WARN_FALLBACK": "1"})
+    out = FALLBACK_VIEW_WARNED.result()
     assert out.returncode == 0, out.stderr
     assert "viewwarn::flat has no {{ cookiecutter.device }} kernel and runs on the CPU: a view operator" in out.stderr, out.stderr
     assert "PrivateUse1 kernel for viewwarn::flat with torch.library" in out.stderr, out.stderr
@@ -191,10 +190,13 @@ else:
     v.fill_(1.0)
     print("COPY", v.device.type, d.sum().item())
 """
+COPYING_VIEW_REFUSED = fresh_process(_COPYING_VIEW)
+# the switch is read at the first such call (csrc/aten/fallback.cpp), so it may be set after import
+COPYING_VIEW_ACCEPTED = fresh_process(_COPYING_VIEW, set_env={"{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES": "1"})
 
 
 def test_the_fallback_refuses_to_turn_a_view_into_a_copy():
-    out = run_python(_COPYING_VIEW)
+    out = COPYING_VIEW_REFUSED.result()
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("ERROR"), line
@@ -205,7 +207,7 @@ def test_the_fallback_refuses_to_turn_a_view_into_a_copy():
 
 
 def test_the_documented_switch_accepts_a_copy():
-    out = run_python(_COPYING_VIEW, env={**os.environ, "{{ cookiecutter.DEVICE }}_FALLBACK_VIEW_COPIES": "1"})
+    out = COPYING_VIEW_ACCEPTED.result()
     assert out.returncode == 0, out.stderr
     # a copy on the device: writes through it do not reach the input
     assert out.stdout.strip().splitlines()[-1] == "COPY {{ cookiecutter.device }} 0.0"
