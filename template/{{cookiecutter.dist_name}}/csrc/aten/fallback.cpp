@@ -250,6 +250,18 @@ class Staging {
   // Whether an argument is a nested tensor: the CPU kernel to run is then NestedTensorCPU's.
   bool nested() const { return nested_; }
 
+  // Whether a result of the CPU kernel is (or is on the memory of) a staged argument.
+  bool aliases_argument(const at::Tensor& h) const {
+    if (!h.defined() || !h.has_storage()) return false;
+    for (const StagedTensor& st : tensors_) {
+      if (st.host.unsafeGetTensorImpl() == h.unsafeGetTensorImpl()) return true;
+    }
+    for (const StagedStorage& s : storages_) {
+      if (h.storage().is_alias_of(s.host)) return true;
+    }
+    return false;
+  }
+
  private:
   using Visitor = at::Tensor (Staging::*)(const at::Tensor&, bool written);
 
@@ -610,6 +622,570 @@ void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack&
   }
 }
 
+
+// ---- queued calls ------------------------------------------------------------------------------
+// A call whose results the host can decide without the data is a launch, as a native kernel is
+// (kernel_support.h): on the host, the operator runs on meta tensors (kernels::meta_like: PyTorch's
+// own shape, dtype and overlap checks, with their messages), the new results are allocated on the
+// device with the geometry the meta kernel gave them, and the CPU kernel is queued on the current
+// stream, on host aliases of the arguments (kernels::held), its results copied into the outputs'.
+// The host does not wait for the stream, so a model of many fallback operators fills the queue.
+//
+// What stays a synchronous call (above): operators the host must wait for or cannot stage — a
+// result that is not a Tensor (item, equal), sizes that depend on the data (nonzero, unique,
+// masked_select: tagged so, or no meta kernel, or one that raises), views, Tensor[] or optional
+// results, a written Tensor[] or optional argument, an out= argument the operator resizes,
+// random operators (they draw from the device's generator in call order), factory operators
+// (a device= argument), sparse, nested and quantized tensors, arguments on two devices, operators
+// outside aten (their CPU kernel may be Python code, which queued work must not run), a meta pass
+// that warns (the CPU kernel then warns as before) or that raises (the CPU kernel then raises its
+// own error, as before) — and a call whose meta kernel is not yet known to agree with the CPU's.
+//
+// Trust: a meta kernel is PyTorch's statement of what the CPU kernel returns, but a few disagree
+// (strides, mostly). So the first call of an operator for each kind of arguments (dtypes, ranks,
+// memory layouts: `signature`) runs synchronously and compares its CPU results with what the meta
+// kernel decided — sizes, dtypes, strides, no result on an argument's memory, no warning; only a
+// kind that agreed is queued afterwards. Queued work checks the sizes and dtypes again and raises
+// a clear error (at the next synchronize) if they differ; a stride difference it cannot raise for
+// (the values are right) makes later calls of that kind synchronous.
+// {{ cookiecutter.DEVICE }}_FALLBACK_SYNC=1 turns the queued path off.
+
+bool queue_disabled() {
+  static const bool disabled = env_flag("{{ cookiecutter.DEVICE }}_FALLBACK_SYNC");
+  return disabled;
+}
+
+enum class ArgKind : uint8_t { other, tensor, optional_tensor, tensor_list, optional_tensor_list };
+
+ArgKind kind_of(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::TensorType) return ArgKind::tensor;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    return opt->getElementType()->kind() == c10::TypeKind::TensorType ? ArgKind::optional_tensor : ArgKind::other;
+  }
+  if (auto list = type->cast<c10::ListType>()) {
+    const c10::TypePtr& elem = list->getElementType();
+    if (elem->kind() == c10::TypeKind::TensorType) return ArgKind::tensor_list;
+    if (auto opt = elem->cast<c10::OptionalType>()) {
+      if (opt->getElementType()->kind() == c10::TypeKind::TensorType) return ArgKind::optional_tensor_list;
+    }
+  }
+  return ArgKind::other;
+}
+
+enum class Verdict : uint8_t { unknown, trusted, untrusted };
+
+// Per operator: the name queued work runs under (the profiler's and errors') and the verdict on its
+// meta kernel for each kind of arguments. Entries are never removed (names stay valid for queued work).
+struct OpTrust {
+  std::string name;   // the operator's, as the counters know it
+  std::string label;  // what queued work runs under
+  std::unordered_map<std::string, Verdict> verdicts;
+  // Meta passes by exact call (`Plan::key`): empty until a call is seen a second time (a call made
+  // once pays no meta pass: a Python meta kernel's first use imports much of torch), then the
+  // results of a pass that could be queued — the next same call allocates from them without one.
+  std::unordered_map<std::string, std::vector<at::Tensor>> metas;
+};
+
+struct TrustTable {
+  std::mutex mu;
+  std::unordered_map<std::string, OpTrust> ops;
+};
+
+TrustTable& trust_table() {
+  static TrustTable* t = new TrustTable();  // never destroyed: queued work may outlive the interpreter's exit
+  return *t;
+}
+
+// What a call would queue: decided from the schema and the arguments, before any meta pass.
+struct Plan {
+  c10::Device device = c10::Device(c10::DeviceType::PrivateUse1);
+  size_t begin = 0, nargs = 0;
+  std::vector<ArgKind> kinds;
+  std::vector<size_t> written;  // arguments the schema marks written (plain Tensor(a!))
+  std::vector<int> ret_arg;     // per return: the written argument it is, or -1 (a new result)
+  std::vector<const void*> storages;  // the arguments' storages, in order of first use (for `key`)
+  std::string signature;  // the kind of call (dtypes, ranks, layouts): what a verdict is for
+  std::string key;        // the exact call (geometry, sharing, argument values): what a meta pass is for
+  OpTrust* trust = nullptr;
+  Verdict verdict = Verdict::unknown;
+  bool first_sight = true;                       // the exact call was not seen before: no meta pass
+  std::optional<std::vector<at::Tensor>> cached;  // the meta results of the same call, if queued before
+};
+
+template <typename T>
+void put(std::string& key, const T& v) {
+  key.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+// A value queued work can keep as it is (no device, generator, storage, stream or object), added to the key.
+bool plain_value(const c10::IValue& v, std::string& key) {
+  if (v.isNone()) return key.push_back('N'), true;
+  if (v.isInt()) return key.push_back('i'), put(key, v.toInt()), true;
+  if (v.isDouble()) return key.push_back('d'), put(key, v.toDouble()), true;
+  if (v.isBool()) return key.push_back('b'), put(key, v.toBool()), true;
+  if (v.isComplexDouble()) return key.push_back('c'), put(key, v.toComplexDouble()), true;
+  if (v.isString()) return key.push_back('s'), key.append(v.toStringRef()).push_back('\0'), true;
+  key.push_back('l');
+  if (v.isIntList()) {
+    for (int64_t x : v.toIntList()) put(key, x);
+    return put(key, v.toIntList().size()), true;
+  }
+  if (v.isDoubleList()) {
+    for (double x : v.toDoubleList()) put(key, x);
+    return put(key, v.toDoubleList().size()), true;
+  }
+  if (v.isBoolList()) {
+    for (bool x : v.toBoolList()) put(key, x);
+    return put(key, v.toBoolList().size()), true;
+  }
+  return false;
+}
+
+// Adds one tensor argument to the signature; false if the queued path cannot take it.
+bool note_tensor(Plan& plan, const at::Tensor& t, std::optional<c10::Device>& device) {
+  if (!t.defined()) {
+    plan.signature.push_back('u');
+    return true;
+  }
+  if (t.layout() != c10::kStrided || t.is_nested() || t.is_quantized()) return false;
+  if (on_device(t)) {
+    if (device.has_value() && *device != t.device()) return false;
+    device = t.device();
+  } else if (!t.is_cpu()) {
+    return false;
+  }
+  uint8_t flags = on_device(t) ? 1 : 0;
+  if (t.is_contiguous()) flags |= 2;
+  if (t.dim() == 4 && t.is_contiguous(c10::MemoryFormat::ChannelsLast)) flags |= 4;
+  if (t.dim() == 5 && t.is_contiguous(c10::MemoryFormat::ChannelsLast3d)) flags |= 4;
+  if (t.is_non_overlapping_and_dense()) flags |= 8;
+  if (t.numel() == 0) flags |= 16;
+  if (t.is_conj() || t.is_neg()) flags |= 32;
+  if (t.storage_offset() != 0) flags |= 64;
+  plan.signature.push_back(static_cast<char>(flags));
+  plan.signature.push_back(static_cast<char>(t.scalar_type()));
+  plan.signature.push_back(static_cast<char>(std::min<int64_t>(t.dim(), 127)));
+  // the exact call: geometry, and which arguments share memory (the meta pass's overlap checks)
+  put(plan.key, flags);
+  put(plan.key, t.scalar_type());
+  put(plan.key, t.dim());
+  for (int64_t x : t.sizes()) put(plan.key, x);
+  for (int64_t x : t.strides()) put(plan.key, x);
+  put(plan.key, t.storage_offset());
+  const void* storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+  size_t id = 0;
+  while (id < plan.storages.size() && plan.storages[id] != storage) ++id;
+  if (id == plan.storages.size()) plan.storages.push_back(storage);
+  put(plan.key, id);
+  if (!on_device(t) && t.dim() == 0) {  // a CPU scalar goes to the meta kernel as it is: its value too
+    const char* p = static_cast<const char*>(t.data_ptr());
+    plan.key.append(p, t.dtype().itemsize());
+  }
+  return true;
+}
+
+// The plan for a call, or nothing if it must run synchronously whatever its meta kernel says.
+std::optional<Plan> plan_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const std::string& name,
+                              c10::DispatchKey cpu_key) {
+  if (cpu_key != c10::DispatchKey::CPU || queue_disabled() || name.rfind("aten::", 0) != 0) return std::nullopt;
+  if (op.hasTag(at::Tag::nondeterministic_seeded) || op.hasTag(at::Tag::dynamic_output_shape) ||
+      op.hasTag(at::Tag::data_dependent_output) || op.hasTag(at::Tag::inplace_view)) {
+    return std::nullopt;
+  }
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.returns().empty() || schema.is_vararg() || schema.is_varret()) return std::nullopt;
+  const auto& args = schema.arguments();
+  Plan plan;
+  plan.nargs = args.size();
+  plan.begin = stack.size() - args.size();
+  plan.kinds.reserve(args.size());
+  plan.signature.reserve(16);
+  std::optional<c10::Device> device;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgKind kind = kind_of(args[i].type());
+    plan.kinds.push_back(kind);
+    const c10::IValue& v = stack[plan.begin + i];
+    if (declares_write(args[i])) {
+      if (kind != ArgKind::tensor || !v.isTensor() || !on_device(v.toTensor())) return std::nullopt;
+      plan.written.push_back(i);
+    }
+    if (kind == ArgKind::other) {
+      if (!plain_value(v, plan.key)) return std::nullopt;
+    } else if (v.isTensor()) {
+      if (!note_tensor(plan, v.toTensor(), device)) return std::nullopt;
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (!note_tensor(plan, t, device)) return std::nullopt;
+      }
+      plan.signature.push_back(']');
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (!note_tensor(plan, t.has_value() ? *t : at::Tensor(), device)) return std::nullopt;
+      }
+      plan.signature.push_back(']');
+    } else if (v.isNone()) {
+      plan.signature.push_back('n');
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!device.has_value()) return std::nullopt;  // no device tensor: a factory call (device=), or host results
+  plan.device = *device;
+  for (const c10::Argument& ret : schema.returns()) {
+    if (ret.type()->kind() != c10::TypeKind::TensorType) return std::nullopt;
+    const c10::AliasInfo* info = ret.alias_info();
+    if (info == nullptr) {
+      plan.ret_arg.push_back(-1);
+      continue;
+    }
+    if (!info->isWrite()) return std::nullopt;  // a view
+    int found = -1;
+    for (size_t w : plan.written) {
+      const c10::AliasInfo* arg_info = args[w].alias_info();
+      if (arg_info->beforeSets() == info->beforeSets()) found = static_cast<int>(w);
+    }
+    if (found < 0) return std::nullopt;
+    plan.ret_arg.push_back(found);
+  }
+  TrustTable& table = trust_table();
+  std::lock_guard<std::mutex> lock(table.mu);
+  auto it = table.ops.find(name);
+  if (it == table.ops.end()) it = table.ops.emplace(name, OpTrust{name, name + " (cpu fallback)", {}}).first;
+  plan.trust = &it->second;
+  auto v = plan.trust->verdicts.find(plan.signature);
+  plan.verdict = v == plan.trust->verdicts.end() ? Verdict::unknown : v->second;
+  if (plan.verdict == Verdict::untrusted) return std::nullopt;
+  auto m = plan.trust->metas.find(plan.key);
+  if (m == plan.trust->metas.end()) {
+    if (plan.trust->metas.size() >= 4096) plan.trust->metas.clear();  // bounded: a loop's calls come back
+    plan.trust->metas.emplace(plan.key, std::vector<at::Tensor>());
+  } else {
+    plan.first_sight = false;
+    if (!m->second.empty()) plan.cached = m->second;
+  }
+  return plan;
+}
+
+// Keeps a queueable meta pass's results for the next same call.
+void remember_meta(const Plan& plan, const std::vector<at::Tensor>& results) {
+  TrustTable& table = trust_table();
+  std::lock_guard<std::mutex> lock(table.mu);
+  plan.trust->metas[plan.key] = results;
+}
+
+void set_verdict(OpTrust* trust, const std::string& signature, Verdict verdict) {
+  TrustTable& table = trust_table();
+  std::lock_guard<std::mutex> lock(table.mu);
+  Verdict& v = trust->verdicts[signature];
+  if (v != Verdict::untrusted) v = verdict;  // a disagreement seen once is final
+}
+
+// Collects warnings instead of showing them (the meta pass), or notes them and passes them on.
+struct WarningWatch : c10::WarningHandler {
+  explicit WarningWatch(bool forward) : previous(forward ? c10::WarningUtils::get_warning_handler() : nullptr) {}
+  void process(const c10::Warning& warning) override {
+    warned = true;
+    if (previous != nullptr) previous->process(warning);
+  }
+  c10::WarningHandler* previous;
+  bool warned = false;
+};
+
+// The operator run on meta copies of the call's arguments: the arguments as the meta kernel left
+// them (a written one's new geometry) and its results.
+struct MetaRun {
+  std::vector<c10::IValue> args;
+  std::vector<at::Tensor> results;
+};
+
+c10::IValue meta_value(const c10::IValue& v, ArgKind kind) {
+  if (kind == ArgKind::other || v.isNone()) return v;
+  if (v.isTensor()) return kernels::meta_like(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(kernels::meta_like(t));
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) out.push_back(kernels::meta_like(t));
+    return out;
+  }
+  return v;
+}
+
+// Runs the meta pass; nothing if the operator has no meta kernel, or its meta kernel raised or
+// warned (the CPU kernel then decides, synchronously, and raises or warns as it always has).
+std::optional<MetaRun> run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const Plan& plan) {
+  MetaRun run;
+  WarningWatch watch(/*forward=*/false);
+  try {
+    const bool has_meta = kernels::on_meta([&] {
+      c10::WarningUtils::WarningHandlerGuard guard(&watch);
+      torch::jit::Stack meta;
+      meta.reserve(plan.nargs);
+      for (size_t i = 0; i < plan.nargs; ++i) meta.push_back(meta_value(stack[plan.begin + i], plan.kinds[i]));
+      run.args.assign(meta.begin(), meta.end());  // the same tensors: a resize the kernel does shows in them
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+      for (const c10::IValue& r : meta) run.results.push_back(r.isTensor() ? r.toTensor() : at::Tensor());
+    });
+    if (!has_meta) return std::nullopt;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (watch.warned || run.results.size() != plan.ret_arg.size()) return std::nullopt;
+  return run;
+}
+
+bool meta_storage_of_argument(const MetaRun& meta, const at::Tensor& r) {
+  auto same = [&](const at::Tensor& t) {
+    return t.defined() && t.has_storage() && r.storage().is_alias_of(t.storage());
+  };
+  for (const c10::IValue& v : meta.args) {
+    if (v.isTensor() && same(v.toTensor())) return true;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (same(t)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Whether this call can be queued with the outputs the meta pass decided: every written argument
+// keeps its geometry, and every new result is new dense memory.
+bool queueable(const torch::jit::Stack& stack, const Plan& plan, const MetaRun& meta) {
+  for (size_t w : plan.written) {
+    const at::Tensor& m = meta.args[w].toTensor();
+    const at::Tensor& d = stack[plan.begin + w].toTensor();
+    if (!kernels::same_geometry(d, m) || m.dtype() != d.dtype()) return false;
+  }
+  for (size_t r = 0; r < plan.ret_arg.size(); ++r) {
+    const at::Tensor& m = meta.results[r];
+    if (plan.ret_arg[r] >= 0) {
+      if (!m.defined() || m.unsafeGetTensorImpl() != meta.args[plan.ret_arg[r]].toTensor().unsafeGetTensorImpl()) {
+        return false;
+      }
+      continue;
+    }
+    if (!m.defined()) continue;  // an undefined result (an output_mask's false)
+    if (!m.is_meta() || m.layout() != c10::kStrided || !m.is_non_overlapping_and_dense() ||
+        meta_storage_of_argument(meta, m)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Strides that locate elements (those of dimensions longer than 1) are equal.
+bool same_layout(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
+// The CPU work of a queued call and what it needs when it runs.
+struct QueuedCall {
+  c10::OperatorHandle op;
+  OpTrust* trust = nullptr;
+  std::string signature;
+  std::vector<c10::IValue> values;  // the arguments; tensors are taken from `held` when the work runs
+  std::vector<ArgKind> kinds;
+  std::vector<size_t> list_sizes;   // the length of each list argument, in order
+  std::vector<kernels::Held> held;  // every tensor argument (undefined ones too), in order
+  std::vector<size_t> written;
+  std::vector<int> ret_arg;
+  std::vector<kernels::Held> outputs;  // the device outputs of new results, in order
+  std::vector<bool> output_defined;
+
+  explicit QueuedCall(const c10::OperatorHandle& handle) : op(handle) {}
+
+  at::Tensor next(size_t& h) {
+    at::Tensor& t = held[h++].get();
+    return t;
+  }
+
+  void run();
+};
+
+void QueuedCall::run() {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& label = trust->label;
+  torch::jit::Stack stack;
+  stack.reserve(values.size());
+  size_t h = 0, l = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (kinds[i] != ArgKind::other && values[i].isNone()) {
+      stack.emplace_back();
+      continue;
+    }
+    switch (kinds[i]) {
+      case ArgKind::other:
+        stack.push_back(values[i]);
+        break;
+      case ArgKind::tensor:
+      case ArgKind::optional_tensor:
+        stack.emplace_back(next(h));
+        break;
+      case ArgKind::tensor_list: {
+        c10::List<at::Tensor> list;
+        const size_t n = list_sizes[l++];
+        list.reserve(n);
+        for (size_t k = 0; k < n; ++k) list.push_back(next(h));
+        stack.emplace_back(std::move(list));
+        break;
+      }
+      case ArgKind::optional_tensor_list: {
+        c10::List<std::optional<at::Tensor>> list;
+        const size_t n = list_sizes[l++];
+        for (size_t k = 0; k < n; ++k) {
+          at::Tensor t = next(h);
+          list.push_back(t.defined() ? std::optional<at::Tensor>(t) : std::nullopt);
+        }
+        stack.emplace_back(std::move(list));
+        break;
+      }
+    }
+  }
+  // The written arguments' host aliases as they are before the kernel: it must write them in place.
+  struct Before {
+    at::Tensor alias;
+    const void* data;
+    c10::SmallVector<int64_t, 5> sizes, strides;
+    int64_t offset;
+  };
+  std::vector<Before> before;
+  for (size_t w : written) {
+    const at::Tensor& a = stack[w].toTensor();
+    before.push_back(Before{a, a.storage().data(), {a.sizes().begin(), a.sizes().end()},
+                            {a.strides().begin(), a.strides().end()}, a.storage_offset()});
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+  for (const Before& b : before) {
+    TORCH_CHECK(b.alias.storage().data() == b.data && b.alias.sizes() == c10::IntArrayRef(b.sizes) &&
+                    b.alias.strides() == c10::IntArrayRef(b.strides) && b.alias.storage_offset() == b.offset,
+                label, ": the CPU kernel resized an out= or in-place argument its meta kernel left as it was "
+                "(the {{ cookiecutter.device }} tensor keeps its old size); set {{ cookiecutter.DEVICE }}_FALLBACK_SYNC=1 "
+                "to run the CPU fallback synchronously, or give the operator a native kernel: ", remedy(op.schema().name()));
+  }
+  size_t o = 0;
+  for (size_t r = 0; r < ret_arg.size(); ++r) {
+    if (ret_arg[r] >= 0) continue;  // a written argument, written in place
+    const bool defined = output_defined[r];
+    kernels::Held& out_held = outputs[o++];
+    if (!defined) continue;
+    const at::Tensor& result = stack[r].toTensor();
+    at::Tensor& out = out_held.get();
+    if (!result.defined() || result.sizes() != out.sizes() || result.dtype() != out.dtype()) {
+      set_verdict(trust, signature, Verdict::untrusted);
+      TORCH_CHECK(false, label, ": the CPU kernel returned ",
+                  result.defined() ? std::string(result.dtype().name()) + c10::str(result.sizes()) : "nothing",
+                  " where its meta kernel promised ", out.dtype().name(), out.sizes(),
+                  ": the {{ cookiecutter.device }} result is wrong. Later calls of this kind run synchronously; set "
+                  "{{ cookiecutter.DEVICE }}_FALLBACK_SYNC=1 to run every fallback call so");
+    }
+    if (!same_layout(result, out)) set_verdict(trust, signature, Verdict::untrusted);
+    kernels::copy_result(out, result);
+  }
+  stack.clear();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start);
+  Counters& c = counters();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats[trust->name].nanos += ns.count();
+}
+
+// Queues the call (its meta pass decided the outputs) and leaves its results on the stack.
+void queue_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& plan,
+                const std::vector<at::Tensor>& meta_results) {
+  auto call = std::make_shared<QueuedCall>(op);
+  call->trust = plan.trust;
+  call->signature = plan.signature;
+  call->kinds = plan.kinds;
+  call->written = plan.written;
+  call->ret_arg = plan.ret_arg;
+  call->values.reserve(plan.nargs);
+  for (size_t i = 0; i < plan.nargs; ++i) {
+    const c10::IValue& v = (*stack)[plan.begin + i];
+    if (plan.kinds[i] != ArgKind::other && v.isNone()) {
+      call->values.emplace_back();
+      continue;
+    }
+    switch (plan.kinds[i]) {
+      case ArgKind::other:
+        call->values.push_back(v);
+        break;
+      case ArgKind::tensor:
+      case ArgKind::optional_tensor:
+        call->values.emplace_back(true);
+        call->held.emplace_back(v.toTensor());
+        break;
+      case ArgKind::tensor_list: {
+        call->values.emplace_back(true);
+        const c10::List<at::Tensor> list = v.toTensorList();
+        call->list_sizes.push_back(list.size());
+        for (const at::Tensor& t : list) call->held.emplace_back(t);
+        break;
+      }
+      case ArgKind::optional_tensor_list: {
+        call->values.emplace_back(true);
+        const c10::List<std::optional<at::Tensor>> list = v.toOptionalTensorList();
+        call->list_sizes.push_back(list.size());
+        for (const std::optional<at::Tensor>& t : list) call->held.emplace_back(t.has_value() ? *t : at::Tensor());
+        break;
+      }
+    }
+  }
+  std::vector<c10::IValue> results;
+  results.reserve(plan.ret_arg.size());
+  for (size_t r = 0; r < plan.ret_arg.size(); ++r) {
+    if (plan.ret_arg[r] >= 0) {
+      results.push_back((*stack)[plan.begin + plan.ret_arg[r]]);
+      call->output_defined.push_back(true);
+      continue;
+    }
+    const at::Tensor out = kernels::empty_like_meta(meta_results[r], plan.device);
+    call->output_defined.push_back(out.defined());
+    call->outputs.emplace_back(out);
+    results.emplace_back(out);
+  }
+  kernels::launch(plan.device, plan.trust->label.c_str(), [call] {
+    // what the work made (host aliases, CPU results) goes when it ends, thrown or not
+    struct Release {
+      QueuedCall& c;
+      ~Release() {
+        c.held.clear();
+        c.outputs.clear();
+      }
+    } release{*call};
+    call->run();
+  });
+  torch::jit::drop(*stack, plan.nargs);
+  for (c10::IValue& r : results) stack->push_back(std::move(r));
+}
+
+// After a synchronous call made to judge the meta kernel: whether the CPU kernel's results (still
+// on the host) and written arguments agree with the meta pass's.
+bool agrees(const Staging& staging, const torch::jit::Stack& stack, const Plan& plan, const MetaRun& meta,
+            const std::vector<at::Tensor>& written_hosts) {
+  const size_t first = stack.size() - plan.ret_arg.size();
+  for (size_t r = 0; r < plan.ret_arg.size(); ++r) {
+    const c10::IValue& v = stack[first + r];
+    const at::Tensor h = v.isTensor() ? v.toTensor() : at::Tensor();
+    const at::Tensor& m = meta.results[r];
+    if (h.defined() != m.defined()) return false;
+    if (!h.defined()) continue;
+    if (!h.is_cpu() || h.layout() != c10::kStrided || !same_layout(h, m)) return false;
+    if (plan.ret_arg[r] < 0 && staging.aliases_argument(h)) return false;
+  }
+  for (size_t i = 0; i < plan.written.size(); ++i) {
+    if (!same_layout(written_hosts[i], meta.args[plan.written[i]].toTensor())) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 // The CPU fallback, redispatching to the CPU kernel at `cpu_keys` (CPU; SparseCPU or SparseCsrCPU
@@ -628,6 +1204,20 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   check_mixed_devices(op, *stack);
   count_call(name, schema);
   Timed timed{name};
+  // A launch where the host can decide the results (see "queued calls" above).
+  std::optional<Plan> plan = plan_call(op, *stack, name, cpu_key);
+  std::optional<MetaRun> meta;
+  if (plan.has_value() && plan->verdict == Verdict::trusted && plan->cached.has_value()) {
+    queue_call(op, stack, *plan, *plan->cached);  // the same call was queued before: its meta pass holds
+    return;
+  }
+  if (plan.has_value() && !plan->first_sight) meta = run_meta(op, *stack, *plan);
+  if (meta.has_value() && plan->verdict == Verdict::trusted && queueable(*stack, *plan, *meta)) {
+    remember_meta(*plan, meta->results);
+    queue_call(op, stack, *plan, meta->results);
+    return;
+  }
+  const bool judge = meta.has_value() && plan->verdict == Verdict::unknown;
   Staging staging(op, stack, name);  // which device storages the arguments reach; nothing copied yet
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
@@ -635,10 +1225,23 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   // behind us), the staging copies, the CPU kernel and the copies back run as its next item.
   kernels::StreamScope on_stream(device, "cpu fallback");
   staging.copy_in();
+  std::vector<at::Tensor> written_hosts;  // when judging the meta kernel: the written arguments as staged
+  if (judge) {
+    for (size_t w : plan->written) written_hosts.push_back((*stack)[plan->begin + w].toTensor());
+  }
+  WarningWatch watch(/*forward=*/true);
   {
+    std::optional<c10::WarningUtils::WarningHandlerGuard> watching;
+    if (judge) watching.emplace(&watch);
     Generators generators(op, stack, device);
     // a nested argument: the CPU kernel is NestedTensorCPU's (nested.cpp registers this fallback there too)
     op.redispatchBoxed(staging.nested() ? c10::DispatchKeySet(c10::DispatchKey::NestedTensorCPU) : cpu_keys, stack);
+  }
+  if (judge) {
+    // a kernel that warns stays synchronous: queued work could not show its warnings
+    set_verdict(plan->trust, plan->signature,
+                !watch.warned && agrees(staging, *stack, *plan, *meta, written_hosts) ? Verdict::trusted
+                                                                                      : Verdict::untrusted);
   }
   staging.write_back();
   const std::vector<c10::Argument>& returns = schema.returns();
