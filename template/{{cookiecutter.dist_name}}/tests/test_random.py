@@ -231,3 +231,15 @@ def test_each_device_has_a_generator_of_its_own(mod):
     assert torch.equal(mod.get_rng_state(1), state1)  # drawing on device 0 leaves device 1's alone
     b = torch.randn(8, device=f"{DEVICE}:1")
     assert torch.equal(a.cpu(), b.cpu())  # same seed, same offset: the same draws
+
+
+def test_a_random_kernels_argument_errors_are_raised_by_the_call():
+    x = torch.empty(8, device=DEVICE)
+    with pytest.raises(RuntimeError, match="std >= 0"):
+        x.normal_(0.0, -1.0)
+    with pytest.raises(RuntimeError, match="from"):
+        x.uniform_(2.0, 1.0)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        torch.empty(1, device=DEVICE).expand(8).bernoulli_(0.5)
+    with pytest.raises(RuntimeError, match="without replacement"):
+        torch.multinomial(torch.ones(3, device=DEVICE), 5)

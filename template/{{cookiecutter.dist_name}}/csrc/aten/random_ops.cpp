@@ -2,8 +2,8 @@
 // dropout on {{ cookiecutter.device }}, drawing from the device's generators so
 // torch.{{ cookiecutter.device }}.manual_seed and torch.Generator(device="{{ cookiecutter.device }}") are honoured.
 //
-// Each kernel is a launch, as on CUDA: on the host it checks its arguments and decides its outputs
-// (the operator on meta tensors), reserves its offset of the generator (runtime/generator.h: the
+// Each kernel is a launch, as on CUDA: on the host it checks its arguments and allocates its outputs
+// (their geometry is the CPU operator's), reserves its offset of the generator (runtime/generator.h: the
 // numbers it draws are fixed by the host's call order), and queues the draw on the current stream;
 // the queued work runs the CPU kernel on the device memory with the CPU generator derived from the
 // reserved (seed, offset). What a hardware team replaces: the queued bodies, with its SDK's random
@@ -13,6 +13,10 @@
 
 #include <ATen/ops/bernoulli_ops.h>
 #include <ATen/ops/cauchy_ops.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/exponential_ops.h>
 #include <ATen/ops/geometric_ops.h>
@@ -47,36 +51,46 @@ void draw(c10::Device device, const char* name, const Gen& gen, bool queue, Work
   body();
 }
 
-// An in-place random op (`op(self, generator)`): its checks and geometry rules are the operator's
-// own, run on a meta tensor before anything is reserved or queued; the draw writes `self` in place.
+// The argument checks of a random op, done on the host as on CUDA: `probe(g)` runs the CPU
+// operator on empty CPU tensors of the arguments' dtypes (its dtype and parameter checks; nothing
+// drawn). The dispatcher's Meta kernels of most random ops are Python (torch/_meta_registrations.py),
+// too slow for a kernel launch, and the geometry of their results is simple enough to write out.
+template <typename Probe>
+void check_on_host(Probe probe) {
+  static thread_local at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+  probe(Gen(scratch));
+}
+
+at::Tensor probe_like(const at::Tensor& t) { return at::empty({0}, c10::TensorOptions().dtype(t.scalar_type())); }
+
+// An in-place random op (`op(self, generator)`): the operator's checks (its dtype and parameter
+// checks, and no element of `self` written twice), then the draw is queued; `self` keeps its geometry.
 template <typename Op>
 at::Tensor& in_place(at::Tensor& self, const Gen& gen, const char* name, Op op) {
   const c10::Device device = kernels::device_of(self);
   c10::DeviceGuard guard(device);
-  const bool queue = kernels::on_meta([&] {
-    at::Tensor m = kernels::meta_like(self);
-    op(m, Gen());
+  at::assert_no_internal_overlap(self);
+  check_on_host([&](Gen g) {
+    at::Tensor probe = probe_like(self);
+    op(probe, g);
   });
   if (self.numel() == 0) return self;  // nothing drawn, no offset taken (as CUDA's)
-  draw(device, name, gen, queue, [s = kernels::held(self), op](Gen g) mutable { op(s.get(), g); });
+  draw(device, name, gen, true, [s = kernels::held(self), op](Gen g) mutable { op(s.get(), g); });
   return self;
 }
 
-// A random op with a new result: `meta()` is the operator on meta tensors (checks, the result's
-// geometry); `work(generator)` computes the result on the held arguments.
-template <typename Meta, typename Work>
-at::Tensor new_result(c10::Device device, const char* name, const Gen& gen, Meta meta, Work work) {
-  c10::DeviceGuard guard(device);
-  at::Tensor m;
-  if (!kernels::on_meta([&] { m = meta(); })) {
-    at::Tensor result;
-    draw(device, name, gen, false, [&](Gen g) { result = kernels::to_device(work(g), device); });
-    return result;
-  }
-  at::Tensor out = kernels::empty_like_meta(m, device);
+// A random op with a new result, allocated on the host (`out`); `work(generator)` computes it on the
+// held arguments when the queued work runs.
+template <typename Work>
+at::Tensor new_result(c10::Device device, const char* name, const Gen& gen, at::Tensor out, Work work) {
   if (out.numel() == 0) return out;
-  draw(device, name, gen, true, [o = kernels::held(out), work](Gen g) mutable { kernels::copy_result(o.get(), work(g)); });
+  draw(device, name, gen, true,
+       [o = kernels::held(out), work](Gen g) mutable { kernels::copy_result(o.get(), work(g)); });
   return out;
+}
+
+at::Tensor new_device(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  return kernels::empty_device(sizes, {}, c10::TensorOptions().dtype(dtype));
 }
 
 at::Tensor& normal_(at::Tensor& self, double mean, double std, Gen gen) {
@@ -135,43 +149,59 @@ at::Tensor& bernoulli_tensor(at::Tensor& self, const at::Tensor& p, Gen gen) {
 
 at::Tensor multinomial(const at::Tensor& self, int64_t num_samples, bool replacement, Gen gen) {
   const c10::Device device = kernels::common_device("multinomial", CpuArgs::rejected, self);
-  return new_result(
-      device, "aten::multinomial", gen,
-      [&] { return at::_ops::multinomial::call(kernels::meta_like(self), num_samples, replacement, Gen()); },
-      [s = kernels::held(self), num_samples, replacement](Gen g) mutable {
-        return at::_ops::multinomial::call(s.get(), num_samples, replacement, g);
-      });
+  c10::DeviceGuard guard(device);
+  TORCH_CHECK(self.dim() > 0 && self.dim() <= 2, "prob_dist must be 1 or 2 dim");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "multinomial only supports floating-point dtypes for input, got: ",
+              self.scalar_type());
+  TORCH_CHECK(num_samples > 0, "cannot sample n_sample <= 0 samples");
+  const int64_t categories = self.size(-1);
+  TORCH_CHECK(replacement || num_samples <= categories,
+              "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  TORCH_CHECK(categories <= (int64_t(1) << 24), "number of categories cannot exceed 2^24");
+  at::Tensor out = self.dim() == 1 ? new_device({num_samples}, at::kLong) : new_device({self.size(0), num_samples}, at::kLong);
+  // a distribution's values (non-negative, finite, not all zero) are checked by the queued work,
+  // its error reported by the next call that waits for the stream (on CUDA: a device-side assert)
+  return new_result(device, "aten::multinomial", gen, out, [s = kernels::held(self), num_samples, replacement](Gen g) mutable {
+    return at::_ops::multinomial::call(s.get(), num_samples, replacement, g);
+  });
 }
 
 at::Tensor poisson(const at::Tensor& self, Gen gen) {
   const c10::Device device = kernels::common_device("poisson", CpuArgs::rejected, self);
-  return new_result(
-      device, "aten::poisson", gen, [&] { return at::_ops::poisson::call(kernels::meta_like(self), Gen()); },
-      [s = kernels::held(self)](Gen g) mutable { return at::_ops::poisson::call(s.get(), g); });
+  c10::DeviceGuard guard(device);
+  check_on_host([&](Gen g) { at::_ops::poisson::call(probe_like(self), g); });
+  return new_result(device, "aten::poisson", gen, new_device(self.sizes(), self.scalar_type()),
+                    [s = kernels::held(self)](Gen g) mutable { return at::_ops::poisson::call(s.get(), g); });
 }
 
 at::Tensor normal_tensor_float(const at::Tensor& mean, double std, Gen gen) {
   const c10::Device device = kernels::common_device("normal", CpuArgs::scalars, mean);
-  return new_result(
-      device, "aten::normal", gen,
-      [&] { return at::_ops::normal_Tensor_float::call(kernels::meta_like(mean), std, Gen()); },
-      [m = kernels::held(mean), std](Gen g) mutable { return at::_ops::normal_Tensor_float::call(m.get(), std, g); });
+  c10::DeviceGuard guard(device);
+  check_on_host([&](Gen g) { at::_ops::normal_Tensor_float::call(probe_like(mean), std, g); });
+  return new_result(device, "aten::normal", gen, new_device(mean.sizes(), mean.scalar_type()),
+                    [m = kernels::held(mean), std](Gen g) mutable {
+                      return at::_ops::normal_Tensor_float::call(m.get(), std, g);
+                    });
 }
 at::Tensor normal_float_tensor(double mean, const at::Tensor& std, Gen gen) {
   const c10::Device device = kernels::common_device("normal", CpuArgs::scalars, std);
-  return new_result(
-      device, "aten::normal", gen,
-      [&] { return at::_ops::normal_float_Tensor::call(mean, kernels::meta_like(std), Gen()); },
-      [mean, s = kernels::held(std)](Gen g) mutable { return at::_ops::normal_float_Tensor::call(mean, s.get(), g); });
+  c10::DeviceGuard guard(device);
+  check_on_host([&](Gen g) { at::_ops::normal_float_Tensor::call(mean, probe_like(std), g); });
+  // std's values (>= 0) are checked by the queued work (CUDA checks them with a synchronizing read)
+  return new_result(device, "aten::normal", gen, new_device(std.sizes(), std.scalar_type()),
+                    [mean, s = kernels::held(std)](Gen g) mutable {
+                      return at::_ops::normal_float_Tensor::call(mean, s.get(), g);
+                    });
 }
 at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, Gen gen) {
   const c10::Device device = kernels::common_device("normal", CpuArgs::scalars, mean, std);
-  return new_result(
-      device, "aten::normal", gen,
-      [&] { return at::_ops::normal_Tensor_Tensor::call(kernels::meta_like(mean), kernels::meta_like(std), Gen()); },
-      [m = kernels::held(mean), s = kernels::held(std)](Gen g) mutable {
-        return at::_ops::normal_Tensor_Tensor::call(m.get(), s.get(), g);
-      });
+  c10::DeviceGuard guard(device);
+  check_on_host([&](Gen g) { at::_ops::normal_Tensor_Tensor::call(probe_like(mean), probe_like(std), g); });
+  const std::vector<int64_t> sizes = at::infer_size(mean.sizes(), std.sizes());
+  return new_result(device, "aten::normal", gen, new_device(sizes, mean.scalar_type()),
+                    [m = kernels::held(mean), s = kernels::held(std)](Gen g) mutable {
+                      return at::_ops::normal_Tensor_Tensor::call(m.get(), s.get(), g);
+                    });
 }
 
 // native_dropout (F.dropout in training; the CPU operator draws from the CPU's default generator,
@@ -179,37 +209,23 @@ at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, G
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
   const c10::Device device = kernels::common_device("native_dropout", CpuArgs::rejected, input);
   c10::DeviceGuard guard(device);
-  std::tuple<at::Tensor, at::Tensor> m;
-  const bool queue = kernels::on_meta([&] { m = at::_ops::native_dropout::call(kernels::meta_like(input), p, train); });
-  at::Tensor out = queue ? kernels::empty_like_meta(std::get<0>(m), device) : at::Tensor();
-  at::Tensor mask = queue ? kernels::empty_like_meta(std::get<1>(m), device) : at::Tensor();
+  // the CPU operator's results: the output and a bool mask, both laid out as the input
+  at::Tensor out = at::empty_like(input);
+  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
+  if (input.numel() == 0) return {out, mask};
   const bool drawing = !train.has_value() || *train;  // in inference nothing is drawn, no offset taken
-  auto body = [in = kernels::held(input), p, train, drawing](Gen g) mutable {
-    if (!drawing) return at::_ops::native_dropout::call(in.get(), p, train);  // the input and a mask of ones
-    const double keep = 1.0 - p;
-    at::Tensor mask = at::empty_like(in.get(), c10::MemoryFormat::Contiguous).bernoulli_(keep, g);
-    at::Tensor out = in.get().mul(mask).mul_(keep == 0.0 ? 0.0 : 1.0 / keep);
-    return std::make_tuple(out, mask.to(at::kBool));
-  };
-  if (!queue) {
-    std::tuple<at::Tensor, at::Tensor> r;
-    auto here = [&](Gen g) {
-      auto [o, k] = body(g);
-      r = {kernels::to_device(o, device), kernels::to_device(k, device)};
-    };
-    if (drawing) {
-      draw(device, "aten::native_dropout", Gen(), false, here);
-    } else {
-      kernels::StreamScope on_stream(device, "aten::native_dropout");
-      here(Gen());
+  auto work = [in = kernels::held(input), o = kernels::held(out), k = kernels::held(mask), p, train,
+               drawing](Gen g) mutable {
+    if (!drawing) {  // the input and a mask of ones
+      auto [ro, rk] = at::_ops::native_dropout::call(in.get(), p, train);
+      kernels::copy_result(o.get(), ro);
+      kernels::copy_result(k.get(), rk);
+      return;
     }
-    return r;
-  }
-  if (out.numel() == 0) return {out, mask};
-  auto work = [o = kernels::held(out), k = kernels::held(mask), body](Gen g) mutable {
-    auto [ro, rk] = body(g);
-    kernels::copy_result(o.get(), ro);
-    kernels::copy_result(k.get(), rk);
+    const double keep = 1.0 - p;
+    at::Tensor drawn = at::empty_like(in.get(), c10::MemoryFormat::Contiguous).bernoulli_(keep, g);
+    kernels::copy_result(o.get(), in.get().mul(drawn).mul_(keep == 0.0 ? 0.0 : 1.0 / keep));
+    kernels::copy_result(k.get(), drawn.to(at::kBool));
   };
   if (drawing) {
     draw(device, "aten::native_dropout", Gen(), true, std::move(work));
@@ -223,11 +239,14 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 at::Tensor& randperm_out(int64_t n, Gen gen, at::Tensor& out) {
   const c10::Device device = kernels::device_of(out);
   c10::DeviceGuard guard(device);
-  at::Tensor m = kernels::meta_like(out);
-  const bool queue = kernels::on_meta([&] { at::_ops::randperm_generator_out::call(n, Gen(), m); });
+  TORCH_CHECK(n >= 0, "n must be non-negative, got", n);
+  check_on_host([&](Gen g) {
+    at::Tensor probe = probe_like(out);
+    at::_ops::randperm_generator_out::call(0, g, probe);  // randperm's dtype check
+  });
   if (out.dim() != 1 || out.size(0) != n) out.resize_({n});  // on the host, before the work is queued
   if (n == 0) return out;
-  draw(device, "aten::randperm", gen, queue,
+  draw(device, "aten::randperm", gen, true,
        [o = kernels::held(out), n](Gen g) mutable { at::_ops::randperm_generator_out::call(n, g, o.get()); });
   return out;
 }
