@@ -18,6 +18,9 @@
 // as a view of its device storage); new results are copied to the device with their strides. The
 // whole call is one item on the current stream: it holds the stream (after the work queued there)
 // from the first staging copy to the last copy back, so work launched meanwhile queues behind it.
+// That is the synchronous call. A call whose results the host can decide from its meta kernel is
+// a launch instead: the CPU kernel is queued on the stream and the host returns without waiting
+// (see "queued calls" below for which calls, and how a meta kernel earns the trust).
 //
 // Views: an operator whose schema says a result aliases an input (`Tensor(a)`, no `!`) must come
 // back as a view of the input's device storage. If its CPU kernel returned new memory instead, the

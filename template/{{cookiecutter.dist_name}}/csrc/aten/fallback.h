@@ -10,7 +10,7 @@ namespace {{ cookiecutter.device }}::fallback {
 
 struct Stat {
   int64_t calls = 0;
-  int64_t nanos = 0;  // wall time in the fallback: staging, the CPU kernel, copying back
+  int64_t nanos = 0;  // wall time in the fallback: staging, the CPU kernel, copying back (queued work: its time on the stream)
 };
 
 std::vector<std::pair<std::string, Stat>> stats();
