@@ -81,13 +81,14 @@ struct Device {
   std::unordered_map<int64_t, Stream*> by_id;
   int64_t next_id = 1;
   bool worker = false;
+  bool busy = false;  // a batch of its work is running (on the worker or a waiting host thread)
 };
 
 struct State {
   std::mutex mu;  // everything below, for every device
   std::condition_variable cv;  // any stream, event or worker changed (see notify)
   int waiting = 0;             // threads blocked on cv: notify makes a system call only for them
-  std::atomic<uint64_t> changes{0};  // bumped by notify: an idle worker spins on it before it sleeps
+  std::atomic<uint64_t> changes{0};  // bumped by notify: an idle worker, a waiting host thread spin on it
   std::vector<Device> devices;
   bool failed = false;
   std::string error;
@@ -117,12 +118,52 @@ void notify(State& s) {
   if (s.waiting > 0) s.cv.notify_all();
 }
 
-// Blocks on cv until pred() holds (mu held through `lock`).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long a host thread waiting for the device (synchronize, a blocking copy, a kernel run in
+// stream order) watches for the work to finish before it sleeps: a small kernel's round trip is
+// then a few microseconds, not a sleep and a wake-up (a system call on each side, and the
+// scheduler's latency). CUDA's default (cudaDeviceScheduleAuto) spins too while the host has
+// cores to spare.
+constexpr int64_t kWaitSpinUs = 100;
+
+bool step(State& s, std::unique_lock<std::mutex>& lock, int device, std::chrono::steady_clock::time_point& wake);
+
+// Blocks until pred() holds (mu held through `lock`). While it waits, the calling thread runs
+// `device`'s next queued work itself when the device is idle (step; -1: none), then spins for
+// kWaitSpinUs in all, re-checking after every change (notify), then sleeps on cv.
 template <typename Pred>
-void wait_until_true(State& s, std::unique_lock<std::mutex>& lock, Pred pred) {
+void wait_until_true(State& s, std::unique_lock<std::mutex>& lock, int device, Pred pred) {
+  using Clock = std::chrono::steady_clock;
+  if (pred()) return;
+  const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(kWaitSpinUs);
   while (!pred()) {
+    Clock::time_point wake = Clock::time_point::max();
+    if (device >= 0 && step(s, lock, device, wake)) continue;
+    const uint64_t seen = s.changes.load(std::memory_order_acquire);
+    if (Clock::now() < spin_until) {
+      lock.unlock();
+      for (int i = 0; s.changes.load(std::memory_order_acquire) == seen; ++i) {
+        if ((i & 63) == 63 && Clock::now() >= spin_until) break;
+        cpu_relax();
+      }
+      lock.lock();
+      continue;
+    }
     ++s.waiting;
-    s.cv.wait(lock);
+    if (wake == Clock::time_point::max()) {
+      s.cv.wait(lock);
+    } else {
+      s.cv.wait_until(lock, wake);
+    }
     --s.waiting;
   }
 }
@@ -167,115 +208,118 @@ void fail(State& s, const char* name, const char* what) {  // mu held
 constexpr int64_t kSpinUs = 50;  // how long an idle worker watches for work before it sleeps
 constexpr size_t kBatch = 32;    // work items a worker takes from a stream at once
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#else
-  std::this_thread::yield();
-#endif
+// One step of the device's "hardware" (mu held through `lock`): completes the records, waits and
+// sleeps at the heads of its streams, or runs the next work items of one stream — up to kBatch of
+// them up to its next record or wait, outside the lock (a host launching small kernels and the
+// runner then rarely meet on the lock). One batch runs at a time on a device, whoever runs it: its
+// worker, or a host thread waiting for the device (see wait_until_true), which runs it exactly as
+// the worker would — so a small kernel's round trip costs no thread handoff. Returns whether
+// anything changed; else `wake` is when a sleep at a stream's head ends.
+bool step(State& s, std::unique_lock<std::mutex>& lock, int device, Clock::time_point& wake) {
+  Device& d = s.devices[device];
+  if (d.busy) return false;
+  const Clock::time_point now = Clock::now();
+  wake = Clock::time_point::max();
+  Stream* pick = nullptr;
+  bool progressed = false;
+  for (Stream* st : d.order) {
+    if (st->running || st->held > 0 || st->queue.empty()) continue;
+    Item& head = st->queue.front();
+    switch (head.kind) {
+      case Item::record:
+        head.rec->when = now;
+        head.rec->done = true;
+        st->queue.pop_front();
+        progressed = true;
+        break;
+      case Item::wait:
+        if (head.rec->done) {
+          st->queue.pop_front();
+          progressed = true;
+        }
+        break;
+      case Item::sleep:
+        if (!st->sleeping) {
+          st->sleeping = true;
+          st->wake = now + std::chrono::microseconds(head.us);
+          st->sleep_start_ns = now_ns();
+        }
+        if (now >= st->wake) {
+          if (s.tracing) trace(s, Activity::spin, "sleep", device, st->id, st->sleep_start_ns, now_ns(), head.correlation);
+          st->sleeping = false;
+          st->queue.pop_front();
+          progressed = true;
+        } else {
+          wake = std::min(wake, st->wake);
+        }
+        break;
+      case Item::work:
+        if (pick == nullptr) pick = st;
+        break;
+    }
+  }
+  if (progressed) {
+    notify(s);
+    return true;
+  }
+  if (pick == nullptr) return false;
+  std::vector<Item> batch;  // small: moved items (their work's captures stay where they were)
+  batch.reserve(std::min(pick->queue.size(), kBatch));
+  while (!pick->queue.empty() && pick->queue.front().kind == Item::work && batch.size() < kBatch) {
+    batch.push_back(std::move(pick->queue.front()));
+    pick->queue.pop_front();
+  }
+  pick->running = true;
+  d.busy = true;
+  const bool tracing = s.tracing;
+  lock.unlock();
+  const bool was_worker = on_worker;
+  on_worker = true;  // work that frees memory does not wait for the queue it is part of
+  std::vector<int64_t> times(batch.size() * (tracing ? 2 : 0), 0);
+  const char* failed = nullptr;
+  std::string what;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Item& item = batch[i];
+    if (tracing) times[2 * i] = now_ns();
+    try {
+      item.fn();
+    } catch (const std::exception& e) {
+      if (failed == nullptr) {
+        what = e.what();
+        failed = item.name;
+      }
+    } catch (...) {
+      if (failed == nullptr) {
+        what = "unknown exception";
+        failed = item.name;
+      }
+    }
+    if (tracing) times[2 * i + 1] = now_ns();
+    item.fn = nullptr;  // destroy what the work captured before taking the lock
+  }
+  on_worker = was_worker;
+  lock.lock();
+  if (tracing) {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      trace(s, batch[i].activity, batch[i].name, device, pick->id, times[2 * i], times[2 * i + 1],
+            batch[i].correlation);
+    }
+  }
+  if (failed != nullptr) fail(s, failed, what.c_str());
+  pick->running = false;
+  d.busy = false;
+  notify(s);
+  return true;
 }
 
 // The device's "hardware": runs queued work of all its streams until the process ends.
 void worker(int device) {
   on_worker = true;
-  std::vector<Item> batch;
-  std::vector<int64_t> times;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
-  Device& d = s.devices[device];
   for (;;) {
-    const Clock::time_point now = Clock::now();
-    Clock::time_point wake = Clock::time_point::max();
-    Stream* pick = nullptr;
-    bool progressed = false;
-    for (Stream* st : d.order) {
-      if (st->running || st->held > 0 || st->queue.empty()) continue;
-      Item& head = st->queue.front();
-      switch (head.kind) {
-        case Item::record:
-          head.rec->when = now;
-          head.rec->done = true;
-          st->queue.pop_front();
-          progressed = true;
-          break;
-        case Item::wait:
-          if (head.rec->done) {
-            st->queue.pop_front();
-            progressed = true;
-          }
-          break;
-        case Item::sleep:
-          if (!st->sleeping) {
-            st->sleeping = true;
-            st->wake = now + std::chrono::microseconds(head.us);
-            st->sleep_start_ns = now_ns();
-          }
-          if (now >= st->wake) {
-            if (s.tracing) trace(s, Activity::spin, "sleep", device, st->id, st->sleep_start_ns, now_ns(), head.correlation);
-            st->sleeping = false;
-            st->queue.pop_front();
-            progressed = true;
-          } else {
-            wake = std::min(wake, st->wake);
-          }
-          break;
-        case Item::work:
-          if (pick == nullptr) pick = st;
-          break;
-      }
-    }
-    if (progressed) {
-      notify(s);
-      continue;
-    }
-    if (pick != nullptr) {
-      // The stream's next work items, up to kBatch of them up to its next record or wait: run
-      // outside the lock, one lock round for all of them (a host launching small kernels and this
-      // thread then rarely meet on the lock).
-      batch.clear();
-      while (!pick->queue.empty() && pick->queue.front().kind == Item::work && batch.size() < kBatch) {
-        batch.push_back(std::move(pick->queue.front()));
-        pick->queue.pop_front();
-      }
-      pick->running = true;
-      const bool tracing = s.tracing;
-      lock.unlock();
-      times.assign(batch.size() * (tracing ? 2 : 0), 0);
-      const char* failed = nullptr;
-      std::string what;
-      for (size_t i = 0; i < batch.size(); ++i) {
-        Item& item = batch[i];
-        if (tracing) times[2 * i] = now_ns();
-        try {
-          item.fn();
-        } catch (const std::exception& e) {
-          if (failed == nullptr) {
-            what = e.what();
-            failed = item.name;
-          }
-        } catch (...) {
-          if (failed == nullptr) {
-            what = "unknown exception";
-            failed = item.name;
-          }
-        }
-        if (tracing) times[2 * i + 1] = now_ns();
-        item.fn = nullptr;  // destroy what the work captured before taking the lock
-      }
-      lock.lock();
-      if (tracing) {
-        for (size_t i = 0; i < batch.size(); ++i) {
-          trace(s, batch[i].activity, batch[i].name, device, pick->id, times[2 * i], times[2 * i + 1],
-                batch[i].correlation);
-        }
-      }
-      if (failed != nullptr) fail(s, failed, what.c_str());
-      pick->running = false;
-      notify(s);
-      continue;
-    }
+    Clock::time_point wake;
+    if (step(s, lock, device, wake)) continue;
     // Nothing to run: spin a little before sleeping, as a launch usually follows soon (a
     // host thread launching small kernels then never waits for a wake-up).
     const uint64_t seen = s.changes.load(std::memory_order_acquire);
@@ -337,7 +381,7 @@ void wait_for_queued_work(int device) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
-  wait_until_true(s, lock, [&] {
+  wait_until_true(s, lock, device, [&] {
     return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
   });
 }
@@ -387,7 +431,7 @@ Status stream_synchronize(int device, int64_t stream) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
-  if (!st->held_by_me()) wait_until_true(s, lock, [&] { return st->idle(); });
+  if (!st->held_by_me()) wait_until_true(s, lock, device, [&] { return st->idle(); });
   return take_failure(s);
 }
 
@@ -397,7 +441,7 @@ Status device_synchronize(int device) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
-  wait_until_true(s, lock, [&] {
+  wait_until_true(s, lock, device, [&] {
     return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
   });
   return take_failure(s);
@@ -506,7 +550,7 @@ Status event_synchronize(void* event) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   std::shared_ptr<Record> rec = static_cast<Event*>(event)->last;
-  if (rec != nullptr) wait_until_true(s, lock, [&] { return rec->done; });
+  if (rec != nullptr) wait_until_true(s, lock, -1, [&] { return rec->done; });
   return take_failure(s);
 }
 
@@ -556,7 +600,7 @@ Status hold_stream(int device, int64_t stream) {
     ++st->held;
     return Status::ok;
   }
-  wait_until_true(s, lock, [&] { return st->idle(); });
+  wait_until_true(s, lock, device, [&] { return st->idle(); });
   Status failure = take_failure(s);
   if (failure != Status::ok) return failure;
   st->held = 1;
