@@ -147,7 +147,8 @@ def test_kernel_source_uses_the_exact_signature(db):
     assert plan.target.signature + " {" in text
     assert "at::_ops::topk_values::schema topk_out_values;" in text  # declared with the dispatcher's type
     assert "#include <torch/library.h>" not in text and "m.impl(" not in text  # registered in the generated file
-    assert "write_back(values, values_h)" in text and "write_back(indices, indices_h)" in text
+    # one computation body: queued, or run in place by the same launch (kernel_support writes back)
+    assert "StreamScope" not in text and "write_back(" not in text and "host_alias(" not in text
     assert "return ::std::forward_as_tuple(values, indices);" in text
 
 
@@ -224,12 +225,24 @@ def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
     # queued only if the output keeps its geometry (a resize takes the calling thread's path, whose
     # write-back follows a CPU kernel that reshapes its output again, as mse_loss's reduction does)
     assert (
-        "if (kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), kernels::meta_like(other), "
-        "alpha, out_m); }) && kernels::same_geometry(out, out_m)) {"
+        "const bool queue = kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), "
+        "kernels::meta_like(other), alpha, out_m); }) && kernels::same_geometry(out, out_m);"
     ) in text
-    assert "at::_ops::add_out::call(self.get(), other.get(), kernels::pass(alpha), out.get());" in text
-    # without a meta kernel in the installed torch, the body runs on the calling thread, in order
-    assert text.index("kernels::launch(") < text.index("kernels::StreamScope on_stream(run_on")
+    # one body: without a meta kernel in the installed torch, or for an output to resize, the same
+    # launch runs it on the calling thread, in order (queue = false)
+    assert 'kernels::launch(run_on, "aten::add.out", queue, [self = kernels::held(self)' in text
+    out_kernel = text[: text.index("// ---- aten::add.Tensor")]  # add.Tensor's kernel follows
+    assert out_kernel.count("at::_ops::add_out::call(") == 1
+    assert "at::_ops::add_out::call(self.get(), other.get(), kernels::pass(alpha), out.get());" in out_kernel
+    assert "StreamScope" not in text and "write_back(" not in text
+
+
+def test_a_kernel_returning_a_list_lets_the_launch_fill_it_without_a_meta_kernel(db):
+    body = kernelgen.queued_body(db.resolve("_foreach_add.List"))
+    # held(result) on the vector itself: a launch run in place (no meta kernel) gives it the
+    # operator's results, which nothing could allocate beforehand
+    assert "result_h = kernels::held(result)" in body.captures
+    assert body.on_host == ["::std::vector<at::Tensor> result = kernels::empty_like_meta(result_m, run_on);"]
 
 
 @pytest.mark.parametrize(

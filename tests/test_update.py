@@ -158,6 +158,9 @@ def assert_on_current_template(root: Path) -> None:
     # every kernel now has the current kernel shape: the structured one gained its functional kernel
     mse = (root / "csrc/aten/ops/mse_loss.cpp").read_text()
     assert "kernels::common_device(" in mse and project.find_op("aten::mse_loss") is not None
+    # an unedited kernel takes the current shape: one computation body, which the launch queues or
+    # runs in place (no second, synchronous body)
+    assert 'kernels::launch(run_on, "aten::mse_loss.out", queue, ' in mse and "StreamScope" not in mse
     abs_kernel = (root / KERNEL).read_text()
     assert 'kernels::common_device("aten::abs.out"' in abs_kernel and not registration.is_pristine(abs_kernel)
     # the kernels a fresh project has: the first model's operators and the derived view kernels
@@ -337,6 +340,8 @@ def test_a_file_the_team_did_not_edit_never_conflicts(old_backendgen, tmp_path):
     assert f"merge base: {state.describe()}, the state of template 3 whose rendering matches" in out.stdout
     assert "updated     csrc/runtime/generator.cpp" in out.stdout and "merged      README.md" in out.stdout
     assert TEAM_KERNEL_LINE in (root / KERNEL).read_text() and TEAM_README_LINE in (root / "README.md").read_text()
+    # the team edited the kernel's body, which the current shape replaces: the kernel stays theirs
+    assert f"{KERNEL}: edited where the current kernel shape changed; left as it is" in out.stdout
     assert (root / TEAM_FILE).read_text() == "// the team's own file\nnamespace team {}\n"
     assert_on_current_template(root)
     assert json.loads((root / "backendgen.json").read_text())["template_state"] == history.current_state()
@@ -643,7 +648,7 @@ def test_torch_fixes_a_kernel_whose_types_changed_and_keeps_the_edit(with_triu):
     old_sig = new_sig.replace("c10::SymInt diagonal", "int64_t diagonal")
     assert old_sig != new_sig and f"{new_sig} {{" in kernel.read_text()
     kernel.write_text(kernel.read_text().replace(f"{new_sig} {{", f"{old_sig} {{"))
-    _insert_after(kernel, "device computation: replace with your SDK call", TEAM_KERNEL_LINE)
+    _insert_after(kernel, "replace with your SDK", TEAM_KERNEL_LINE)
     meta = json.loads((root / "backendgen.json").read_text())
     for d in meta["ops"]:
         if d["op"] == "aten::triu.out":

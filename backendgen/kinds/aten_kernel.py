@@ -23,6 +23,7 @@ from backendgen.kinds.kind import Planned, Removal, Request, UpdateStep
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_of, sha256_text
 from backendgen.project import contract, manifest
+from backendgen.project.merge import merge3
 from backendgen.project.on_disk import Project, Transaction
 from backendgen.project.record import OpRecord
 from backendgen.torchdb.drift import Drift, classify
@@ -479,6 +480,15 @@ def carry_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
         unedited = recorded is not None and sha256_text(ours) == recorded
         if unedited:
             step.merge(source, ours, theirs, regenerated=True)
+        elif base != theirs and merge3(base, ours, theirs).conflicts:
+            # Yours to edit, and edited where the kernel's shape changed (one computation
+            # body, which kernels::launch queues or runs in place): the edit is the team's, so the file
+            # stays as it is, with its records and test; kernel_support keeps the API it was written for.
+            step.note(
+                f"{source}: edited where the current kernel shape changed; left as it is (it builds as it is; "
+                f"`backendgen add-op {requested}` in a fresh project shows the current shape)"
+            )
+            continue
         else:
             if not exact:
                 step.note(

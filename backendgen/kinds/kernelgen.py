@@ -517,7 +517,7 @@ def queued_body(op: Op) -> QueuedBody:
             meta_decls + ["::std::vector<at::Tensor> result_m;"],
             f"result_m = {meta_call}",
             on_host + [f"::std::vector<at::Tensor> result = {K}::empty_like_meta(result_m, run_on);"],
-            captures + [f"result_h = {K}::held(at::TensorList(result))"],
+            captures + [f"result_h = {K}::held(result)"],
             [f"{K}::copy_result(result_h.get(), {call});"],
             "result",
         )

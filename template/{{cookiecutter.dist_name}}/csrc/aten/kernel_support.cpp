@@ -381,9 +381,28 @@ StreamScope::~StreamScope() noexcept(false) {
   if (failed) std::rethrow_exception(failed);
 }
 
+namespace detail {
+// The launch run in place on this thread, if any: what its work's `held` arguments report to.
+struct InPlace {
+  std::vector<Held*> held;
+  std::vector<HeldList*> lists;
+};
+thread_local InPlace* in_place = nullptr;
+}  // namespace detail
+
+namespace {
+// Work queued, or run by a launch, is not part of a run in place that launched it.
+struct NotInPlace {
+  detail::InPlace* saved = detail::in_place;
+  NotInPlace() { detail::in_place = nullptr; }
+  ~NotInPlace() { detail::in_place = saved; }
+};
+}  // namespace
+
 void launch(c10::Device device, const char* name, std::function<void()> work) {
   const int index = device.index() >= 0 ? device.index() : runtime::current_device();
   const int64_t stream = runtime::current_stream_id(static_cast<c10::DeviceIndex>(index));
+  NotInPlace not_in_place;
   if (host_mapped() && has_host_tasks()) {
     {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, std::move(work)));
     return;
@@ -393,6 +412,51 @@ void launch(c10::Device device, const char* name, std::function<void()> work) {
   StreamScope on_stream(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)), name);
   work();
 }
+
+namespace detail {
+
+namespace {
+thread_local std::vector<std::unique_ptr<InPlace>> in_place_free;  // reused: a run in place allocates nothing
+}  // namespace
+
+RunInPlace::RunInPlace(c10::Device device, const char* name) : scope_(device, name) {
+  std::unique_ptr<InPlace> state;
+  if (in_place_free.empty()) {
+    state = std::make_unique<InPlace>();
+  } else {
+    state = std::move(in_place_free.back());
+    in_place_free.pop_back();
+  }
+  saved_ = in_place;
+  in_place = state.release();
+}
+
+RunInPlace::~RunInPlace() {
+  std::unique_ptr<InPlace> state(in_place);
+  in_place = saved_;
+  state->held.clear();
+  state->lists.clear();
+  in_place_free.push_back(std::move(state));
+}
+
+void RunInPlace::finish() {
+  InPlace* state = in_place;
+  const c10::Device device = current();
+  for (Held* h : state->held) {
+    if (h->device_) {
+      write_back(*h->source_, h->tensor_);  // new sizes, or a storage the CPU kernel reallocated
+    } else if (!h->source_->defined() && h->tensor_.defined()) {
+      *h->source_ = to_device(h->tensor_, device);  // a result nothing was allocated for
+    }
+  }
+  for (HeldList* l : state->lists) {
+    if (l->results_ == nullptr || !l->results_->empty()) continue;
+    l->results_->reserve(l->values_.size());
+    for (const at::Tensor& r : l->values_) l->results_->push_back(to_device(r, device));
+  }
+}
+
+}  // namespace detail
 
 namespace {
 // The meta storages of one pre-pass, by the storage of the tensor each stands for: arguments that
@@ -455,6 +519,10 @@ c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at:
   return out;
 }
 
+namespace detail {
+void forget_meta_storages() { meta_storages.clear(); }
+}  // namespace detail
+
 bool on_meta(const std::function<void()>& pre_pass) {
   struct Forget {
     ~Forget() { meta_storages.clear(); }
@@ -511,12 +579,17 @@ bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta
   return true;
 }
 
-Held::Held(const at::Tensor& t) {
+Held::Held(const at::Tensor& t) : source_(const_cast<at::Tensor*>(&t)) {
   if (!on_device(t)) {
-    if (t.defined()) {
+    if (!t.defined()) return;
+    if (t.dim() == 0 && t.layout() == c10::kStrided && !t.is_conj() && !t.is_neg()) {
+      // a CPU scalar (a Python number): one element, copied without the dispatcher
+      tensor_ = at::detail::empty_cpu({}, t.scalar_type());
+      std::memcpy(tensor_.mutable_data_ptr(), t.const_data_ptr(), t.dtype().itemsize());
+    } else {
       tensor_ = t.clone();
-      if (t.unsafeGetTensorImpl()->is_wrapped_number()) tensor_.unsafeGetTensorImpl()->set_wrapped_number(true);
     }
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) tensor_.unsafeGetTensorImpl()->set_wrapped_number(true);
     return;
   }
   const c10::Storage& st = t.storage();
@@ -532,6 +605,10 @@ Held::Held(const at::Tensor& t) {
 }
 
 at::Tensor& Held::get() {
+  if (detail::in_place != nullptr && !noted_ && source_ != nullptr && (device_ || !source_->defined())) {
+    noted_ = true;  // a launch run in place: it gives the device tensor what became of the alias
+    detail::in_place->held.push_back(this);
+  }
   if (device_ && !tensor_.defined()) {
     tensor_ = pooled_alias(
         Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, sizes_, strides_, offset_, dtype_, conj_, neg_});
@@ -558,7 +635,12 @@ HeldList::HeldList(at::TensorList ts) {
   for (const at::Tensor& t : ts) held_.emplace_back(t);
 }
 
+HeldList::HeldList(std::vector<at::Tensor>& results) : HeldList(at::TensorList(results)) { results_ = &results; }
+
 std::vector<at::Tensor>& HeldList::get() {
+  if (results_ != nullptr && held_.empty() && detail::in_place != nullptr) {
+    detail::in_place->lists.push_back(this);  // no meta kernel: the run in place fills the results
+  }
   if (values_.size() != held_.size()) {
     values_.clear();
     values_.reserve(held_.size());
@@ -571,11 +653,13 @@ HeldOptionalList::HeldOptionalList(const c10::List<std::optional<at::Tensor>>& t
   held_.reserve(ts.size());
   for (const std::optional<at::Tensor>& t : ts) {
     held_.push_back(t.has_value() ? std::optional<Held>(Held(*t)) : std::nullopt);
+    if (held_.back().has_value()) held_.back()->source_ = nullptr;  // `t` is a copy of the element
   }
 }
 
 HeldList held(at::ITensorListRef ts) { return HeldList(ts); }
 HeldList held(at::TensorList ts) { return HeldList(ts); }
+HeldList held(std::vector<at::Tensor>& results) { return HeldList(results); }
 HeldOptionalList held(const c10::List<std::optional<at::Tensor>>& ts) { return HeldOptionalList(ts); }
 
 c10::List<std::optional<at::Tensor>> HeldOptionalList::get() {
@@ -586,11 +670,19 @@ c10::List<std::optional<at::Tensor>> HeldOptionalList::get() {
 }
 
 void copy_result(at::Tensor& out_alias, const at::Tensor& result) {
-  if (!out_alias.defined() || out_alias.is_same(result)) return;
+  if (!out_alias.defined()) {
+    out_alias = result;  // nothing was allocated (a launch run in place without a meta kernel)
+    return;
+  }
+  if (out_alias.is_same(result)) return;
   at::_ops::copy_::call(out_alias, result, false);
 }
 
 void copy_result(std::vector<at::Tensor>& out_aliases, const std::vector<at::Tensor>& results) {
+  if (out_aliases.empty() && !results.empty()) {
+    out_aliases = results;  // as above
+    return;
+  }
   TORCH_CHECK(out_aliases.size() == results.size(), "the operator returned ", results.size(),
               " tensors; its meta kernel promised ", out_aliases.size());
   for (size_t i = 0; i < results.size(); ++i) copy_result(out_aliases[i], results[i]);

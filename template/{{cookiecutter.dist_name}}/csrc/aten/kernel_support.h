@@ -30,6 +30,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {{ cookiecutter.device }}::kernels {
@@ -125,6 +127,44 @@ class StreamScope {
 // Queues `work` on `device`'s current stream; returns at once. `name`: a string literal (profiler, errors).
 void launch(c10::Device device, const char* name, std::function<void()> work);
 
+namespace detail {
+struct InPlace;
+// A kernel's computation run on the calling thread instead of queued (launch with queue = false):
+// holds the stream (StreamScope) and, when the work is done, gives every device tensor the work
+// reached through `held` what the CPU kernel made of its host alias — new sizes, or a storage it
+// had to reallocate (`write_back`) — and every result the launch could not allocate beforehand
+// (no meta kernel) the device copy of what the operator returned.
+class RunInPlace {
+ public:
+  RunInPlace(c10::Device device, const char* name);
+  ~RunInPlace();
+  void finish();
+  RunInPlace(const RunInPlace&) = delete;
+  RunInPlace& operator=(const RunInPlace&) = delete;
+
+ private:
+  StreamScope scope_;
+  InPlace* saved_;  // an enclosing run in place's (none, as a rule)
+};
+}  // namespace detail
+
+// One computation body for both ways a kernel runs: `queue` true (the meta pre-pass decided the
+// outputs, and the kernel allocated them) queues `work` on the current stream, as the launch above;
+// false (the installed torch has no meta kernel for the operator, or an out= argument must be
+// resized) runs it at once on the calling thread, in order on the stream, on the same `held`
+// arguments — whose device tensors then take the geometry the CPU kernel gave their host aliases,
+// and whose undefined results (nothing allocated without a meta kernel) the operator's results.
+template <typename Work>
+void launch(c10::Device device, const char* name, bool queue, Work&& work) {
+  if (queue) {
+    launch(device, name, std::function<void()>(std::forward<Work>(work)));
+    return;
+  }
+  detail::RunInPlace run(device, name);
+  work();
+  run.finish();
+}
+
 // A meta tensor with t's sizes, strides, storage offset, dtype and conj/neg bits (CPU tensors too,
 // but for CPU scalars, which every device's kernels take as they are).
 at::Tensor meta_like(const at::Tensor& t);
@@ -137,6 +177,22 @@ c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at:
 // for the operator (it then runs on the calling thread instead); the operator's own errors — a
 // shape mismatch, a bad argument — propagate, raised on the host as on CUDA.
 bool on_meta(const std::function<void()>& pre_pass);
+namespace detail {
+void forget_meta_storages();
+}
+// The same for a lambda, with no std::function to allocate (what the generated kernels call).
+template <typename PrePass, typename = std::enable_if_t<!std::is_same_v<std::decay_t<PrePass>, std::function<void()>>>>
+bool on_meta(PrePass&& pre_pass) {
+  struct Forget {
+    ~Forget() { detail::forget_meta_storages(); }
+  } forget;
+  try {
+    pre_pass();
+    return true;
+  } catch (const c10::NotImplementedError&) {
+    return false;  // no Meta kernel in the installed torch
+  }
+}
 
 // A new device tensor on `device` with the geometry and dtype the meta pre-pass decided.
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::Device device);
@@ -160,7 +216,10 @@ class Held {
   at::Tensor& get();
 
  private:
+  friend class detail::RunInPlace;
+  friend class HeldOptionalList;  // its elements are copies: they have no source to write back to
   at::Tensor tensor_;             // the CPU copy, or the host alias once made
+  at::Tensor* source_ = nullptr;  // the tensor it was made from: read only by a launch run in place
   bool device_ = false;           // a device tensor (else tensor_ is all there is)
   const void* memory_ = nullptr;  // its storage's device address
   size_t nbytes_ = 0;
@@ -168,6 +227,7 @@ class Held {
   int64_t offset_ = 0;
   caffe2::TypeMeta dtype_;
   bool conj_ = false, neg_ = false;
+  bool noted_ = false;  // reported to the launch run in place that reads it
 };
 
 class HeldOptional {
@@ -184,11 +244,15 @@ class HeldList {
  public:
   explicit HeldList(at::ITensorListRef ts);
   explicit HeldList(at::TensorList ts);
+  // a kernel's list of results: without a meta kernel it is empty, and a launch run in place fills it
+  explicit HeldList(std::vector<at::Tensor>& results);
   std::vector<at::Tensor>& get();
 
  private:
+  friend class detail::RunInPlace;
   std::vector<Held> held_;
   std::vector<at::Tensor> values_;
+  std::vector<at::Tensor>* results_ = nullptr;
 };
 
 class HeldOptionalList {
@@ -204,10 +268,12 @@ inline Held held(const at::Tensor& t) { return Held(t); }
 inline HeldOptional held(const std::optional<at::Tensor>& t) { return HeldOptional(t); }
 HeldList held(at::ITensorListRef ts);
 HeldList held(at::TensorList ts);
+HeldList held(std::vector<at::Tensor>& results);
 HeldOptionalList held(const c10::List<std::optional<at::Tensor>>& ts);
 
 // Inside queued work: a result the CPU operator returned -> the host alias of the output the launch
-// allocated.
+// allocated (in a launch run in place without a meta kernel, nothing was allocated: the result
+// itself, which the launch then copies to the device).
 void copy_result(at::Tensor& out_alias, const at::Tensor& result);
 void copy_result(std::vector<at::Tensor>& out_aliases, const std::vector<at::Tensor>& results);
 
