@@ -119,9 +119,10 @@ class _Zygote:
 
     def __init__(self):
         env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}  # autoload on
-        self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
         self.tmp = tempfile.mkdtemp(prefix="fresh-processes-")
+        with open(os.path.join(self.tmp, "zygote.stderr"), "w") as stderr:
+            self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=stderr, env=env)
         self.next_id, self.finished, self.pending = 0, {}, b""
 
     def start(self, codes: list[str], set_env: dict[str, str] | None = None) -> list[int]:
@@ -144,7 +145,7 @@ class _Zygote:
                 left = deadline - time.monotonic()
                 assert left > 0 and select.select([self.proc.stdout], [], [], left)[0], f"no end in 300 s: {code}"
                 chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-                assert chunk, f"the zygote died (exit status {self.proc.wait()})"
+                assert chunk, f"the zygote died (exit status {self.proc.wait()}): {self._stderr()}"
                 self.pending += chunk
             line, _, self.pending = self.pending.partition(b"\n")
             finished, status = map(int, line.split())
@@ -156,6 +157,10 @@ class _Zygote:
                 outputs.append(f.read())
             os.unlink(path)
         return subprocess.CompletedProcess([sys.executable, "-c", code], self.finished.pop(run), *outputs)
+
+    def _stderr(self) -> str:
+        with open(os.path.join(self.tmp, "zygote.stderr")) as f:
+            return f.read()[-4000:]
 
     def close(self):
         self.proc.stdin.close()
