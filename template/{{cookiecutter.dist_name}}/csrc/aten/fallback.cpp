@@ -791,6 +791,8 @@ bool note_tensor(Plan& plan, const at::Tensor& t, std::optional<c10::Device>& de
 std::optional<Plan> plan_call(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const std::string& name,
                               c10::DispatchKey cpu_key) {
   if (cpu_key != c10::DispatchKey::CPU || queue_disabled() || name.rfind("aten::", 0) != 0) return std::nullopt;
+  // the FFTs' meta kernels give some results strides pocketfft does not (fft.rfftn on int64)
+  if (name.rfind("aten::_fft_", 0) == 0) return std::nullopt;
   if (op.hasTag(at::Tag::nondeterministic_seeded) || op.hasTag(at::Tag::dynamic_output_shape) ||
       op.hasTag(at::Tag::data_dependent_output) || op.hasTag(at::Tag::inplace_view)) {
     return std::nullopt;
@@ -813,7 +815,9 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const torch::jit::S
       plan.written.push_back(i);
     }
     if (kind == ArgKind::other) {
-      if (!plain_value(v, plan.key)) return std::nullopt;
+      // non-tensor arguments belong to the kind of call too (batch norm's training flag, fft's dims)
+      if (!plain_value(v, plan.signature)) return std::nullopt;
+      plain_value(v, plan.key);
     } else if (v.isTensor()) {
       if (!note_tensor(plan, v.toTensor(), device)) return std::nullopt;
     } else if (v.isTensorList()) {
