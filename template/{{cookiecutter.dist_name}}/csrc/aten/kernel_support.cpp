@@ -532,6 +532,13 @@ bool on_meta(const std::function<void()>& pre_pass) {
     return true;
   } catch (const c10::NotImplementedError&) {
     return false;  // no Meta kernel in the installed torch
+  } catch (const c10::Error&) {
+    throw;  // the operator's own argument checks, raised by the call
+  } catch (const std::exception&) {
+    // not c10's: a meta kernel written in Python gave up (an output size that depends on the data,
+    // e.g. nonzero under index with a boolean mask); the call runs in place, where the CPU kernel
+    // raises any argument error itself
+    return false;
   }
 }
 

@@ -174,8 +174,9 @@ std::vector<at::Tensor> meta_like(at::TensorList ts);
 c10::List<std::optional<at::Tensor>> meta_like(const c10::List<std::optional<at::Tensor>>& ts);
 
 // Runs `pre_pass` (the operator on meta tensors). False if the installed torch has no meta kernel
-// for the operator (it then runs on the calling thread instead); the operator's own errors — a
-// shape mismatch, a bad argument — propagate, raised on the host as on CUDA.
+// for the operator, or its meta kernel cannot decide the outputs (a size that depends on the data):
+// it then runs on the calling thread instead; the operator's own errors — a shape mismatch, a bad
+// argument — propagate, raised on the host as on CUDA.
 bool on_meta(const std::function<void()>& pre_pass);
 namespace detail {
 void forget_meta_storages();
@@ -191,6 +192,13 @@ bool on_meta(PrePass&& pre_pass) {
     return true;
   } catch (const c10::NotImplementedError&) {
     return false;  // no Meta kernel in the installed torch
+  } catch (const c10::Error&) {
+    throw;  // the operator's own argument checks, raised by the call
+  } catch (const std::exception&) {
+    // not c10's: a meta kernel written in Python gave up (an output size that depends on the data,
+    // e.g. nonzero under index with a boolean mask); the call runs in place, where the CPU kernel
+    // raises any argument error itself
+    return false;
   }
 }
 
