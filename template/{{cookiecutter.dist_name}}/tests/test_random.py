@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from tests.conftest import CAPABILITIES, DEVICE, queued_kernels, requires, run_python
+from tests.conftest import DEVICE, queued_kernels, requires, run_python
 
 BUSY_US = 300_000  # a stream's sleep long enough that the host finishes its calls meanwhile
 
@@ -144,6 +144,7 @@ def _draws(n):
     return [torch.randn(100, device=DEVICE) for _ in range(n)]
 
 
+@requires("spin")
 @pytest.mark.usefixtures("drained")
 def test_the_host_call_order_fixes_the_draws_with_work_pending(mod):
     mod.manual_seed(5)
@@ -151,8 +152,7 @@ def test_the_host_call_order_fixes_the_draws_with_work_pending(mod):
     mod.manual_seed(5)
     slow, fast = mod.Stream(), mod.Stream()
     with mod.stream(slow):
-        if "spin" in CAPABILITIES:
-            mod._sleep(BUSY_US)
+        mod._sleep(BUSY_US)
         first = torch.randn(100, device=DEVICE)  # launched first, runs last
     with mod.stream(fast):
         state = mod.get_rng_state()  # taken while `first` is still queued
