@@ -373,7 +373,9 @@ def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):
     (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": release.hash}, indent=2) + "\n")
     result = api.update_project(root, dry_run=True)
     assert f"merge base: recorded: {release.describe()}" in result.notes
-    assert result.conflicts == ["csrc/runtime/generator.cpp"]  # the wrong base: what issue 30 saw
+    # the wrong base: what issue 30 saw (and files the current template rewrote since, as their merge from
+    # that base does not apply either)
+    assert "csrc/runtime/generator.cpp" in result.conflicts
     # a state this backendgen does not know: said, and the best match is used
     (root / "backendgen.json").write_text(json.dumps({**meta, "template_state": "ab" * 32}, indent=2) + "\n")
     result = api.update_project(root, dry_run=True)
