@@ -524,22 +524,7 @@ void forget_meta_storages() { meta_storages.clear(); }
 }  // namespace detail
 
 bool on_meta(const std::function<void()>& pre_pass) {
-  struct Forget {
-    ~Forget() { meta_storages.clear(); }
-  } forget;
-  try {
-    pre_pass();
-    return true;
-  } catch (const c10::NotImplementedError&) {
-    return false;  // no Meta kernel in the installed torch
-  } catch (const c10::Error&) {
-    throw;  // the operator's own argument checks, raised by the call
-  } catch (const std::exception&) {
-    // not c10's: a meta kernel written in Python gave up (an output size that depends on the data,
-    // e.g. nonzero under index with a boolean mask); the call runs in place, where the CPU kernel
-    // raises any argument error itself
-    return false;
-  }
+  return on_meta([&pre_pass] { pre_pass(); });  // the lambda overload (kernel_support.h): one set of rules
 }
 
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::Device device) {
