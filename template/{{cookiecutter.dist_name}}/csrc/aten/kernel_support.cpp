@@ -24,6 +24,7 @@
 #include <ATen/ops/empty_strided_ops.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <exception>
@@ -38,6 +39,19 @@ namespace {{ cookiecutter.device }}::kernels {
 bool host_mapped() {
   static const bool mapped = driver::has(driver::Capability::host_mapping);
   return mapped;
+}
+
+std::vector<int64_t> broadcast_shape(c10::IntArrayRef a, c10::IntArrayRef b) {
+  const size_t dims = std::max(a.size(), b.size());
+  std::vector<int64_t> shape(dims);
+  for (size_t k = 0; k < dims; ++k) {  // k counts dimensions from the last
+    const int64_t x = k < a.size() ? a[a.size() - 1 - k] : 1;
+    const int64_t y = k < b.size() ? b[b.size() - 1 - k] : 1;
+    TORCH_CHECK(x == y || x == 1 || y == 1, "The size of tensor a (", x, ") must match the size of tensor b (", y,
+                ") at non-singleton dimension ", dims - 1 - k);
+    shape[dims - 1 - k] = x == 1 ? y : x;
+  }
+  return shape;
 }
 
 namespace {

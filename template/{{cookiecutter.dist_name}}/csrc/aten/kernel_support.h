@@ -60,6 +60,10 @@ void write_back(const at::Tensor& device_out, const at::Tensor& host_out);
 // A new host result -> a new device tensor on `device` (one copy).
 at::Tensor to_device(const at::Tensor& host, c10::Device device);
 
+// The shape `a` and `b` broadcast to, with PyTorch's message when they do not (at::infer_size's
+// rule, whose header, ATen/ExpandUtils.h, brings every operator's declaration into a unit).
+std::vector<int64_t> broadcast_shape(c10::IntArrayRef a, c10::IntArrayRef b);
+
 // The device a kernel runs on: `t`'s device if it is a {{ cookiecutter.device }} tensor, else the current device.
 c10::Device device_of(const at::Tensor& t);
 

@@ -116,18 +116,7 @@ bool dense_same_layout(const at::Tensor& src, const at::Tensor& dst) {
 // here on the host before anything is queued, so a bad copy_ raises in the call that made it.
 void check_copy(const at::Tensor& self, const at::Tensor& dst) {
   if (self.is_same(dst)) return;
-  // PyTorch's broadcasting rule and messages (at::infer_size, whose header would bring every
-  // operator's declaration into this unit)
-  const int64_t a_dims = dst.dim(), b_dims = self.dim(), dims = std::max(a_dims, b_dims);
-  std::vector<int64_t> broadcast(static_cast<size_t>(dims));
-  for (int64_t i = dims - 1; i >= 0; --i) {
-    const int64_t offset = dims - 1 - i;
-    const int64_t a = a_dims - 1 - offset >= 0 ? dst.size(a_dims - 1 - offset) : 1;
-    const int64_t b = b_dims - 1 - offset >= 0 ? self.size(b_dims - 1 - offset) : 1;
-    TORCH_CHECK(a == b || a == 1 || b == 1, "The size of tensor a (", a, ") must match the size of tensor b (", b,
-                ") at non-singleton dimension ", i);
-    broadcast[static_cast<size_t>(i)] = a == 1 ? b : a;
-  }
+  const std::vector<int64_t> broadcast = kernels::broadcast_shape(dst.sizes(), self.sizes());
   TORCH_CHECK(c10::IntArrayRef(broadcast) == dst.sizes(), "output with shape ", dst.sizes(),
               " doesn't match the broadcast shape ", c10::IntArrayRef(broadcast));
   at::assert_no_internal_overlap(dst);

@@ -14,7 +14,6 @@
 #include <ATen/ops/bernoulli_ops.h>
 #include <ATen/ops/cauchy_ops.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -197,7 +196,7 @@ at::Tensor normal_tensor_tensor(const at::Tensor& mean, const at::Tensor& std, G
   const c10::Device device = kernels::common_device("normal", CpuArgs::scalars, mean, std);
   c10::DeviceGuard guard(device);
   check_on_host([&](Gen g) { at::_ops::normal_Tensor_Tensor::call(probe_like(mean), probe_like(std), g); });
-  const std::vector<int64_t> sizes = at::infer_size(mean.sizes(), std.sizes());
+  const std::vector<int64_t> sizes = kernels::broadcast_shape(mean.sizes(), std.sizes());
   return new_result(device, "aten::normal", gen, new_device(sizes, mean.scalar_type()),
                     [m = kernels::held(mean), s = kernels::held(std)](Gen g) mutable {
                       return at::_ops::normal_Tensor_Tensor::call(m.get(), s.get(), g);
