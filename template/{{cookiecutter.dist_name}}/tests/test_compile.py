@@ -10,8 +10,6 @@ import os
 
 import pytest
 import torch
-import torch._dynamo
-from torch._inductor.utils import run_and_get_code
 
 from tests.conftest import DEVICE, run_python
 
@@ -20,6 +18,10 @@ pytestmark = pytest.mark.compile
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
+    # Dynamo is imported here, not at the top: the quick suite collects this file before it deselects
+    # it, and importing Dynamo costs seconds
+    import torch._dynamo
+
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -80,6 +82,8 @@ def test_pointwise_and_reduction_run_as_fused_kernels_not_on_the_fallback():
     compiled = torch.compile(f, fullgraph=True)
     compiled(x, y)  # compiles
     mod.reset_fallback_counts()
+    from torch._inductor.utils import run_and_get_code
+
     result, (code,) = run_and_get_code(compiled, x, y)
     assert mod.fallback_counts() == {}, f"the compiled graph ran operators on the CPU fallback: {mod.fallback_counts()}"
     assert "aten." not in code.split("def call(")[-1], "the compiled graph calls ATen operators instead of fused kernels"
