@@ -137,7 +137,9 @@ def test_amp_list_shows_the_table(project):
 
 @pytest.mark.slow
 def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
-    """The issue's end-to-end path, as a user runs it: each command builds and runs its tests."""
+    """The issue's end-to-end path: the own operator, the override and the policy, then one build that
+    runs their tests. (Each of these commands building and testing on its own, as README documents
+    them, is tests/test_docs.py's run of the same commands in a copy: not repeated here.)"""
     root = project_copy
     dev = _device(root)
     steps = [
@@ -149,14 +151,15 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
             "--body",
             "x * alpha + at::sin(x)",
             "--autograd",
+            "--no-build",
         ),
-        ("add-op", "aten::hypot", "--autograd"),
+        ("add-op", "aten::hypot", "--autograd", "--no-build"),
         ("amp", "set", "aten::add.Tensor", "lower_precision_fp"),
     ]
     for args in steps:
         out = run_cli(*args, "--project", str(root))
         assert out.returncode == 0, f"{args}: {out.stdout}{out.stderr}"
-        assert "built and tested" in out.stdout
+    assert "built and tested" in out.stdout  # the last step built all three and ran the tests
     # the generated tests, run again together: gradcheck, FakeTensorMode, torch.compile(aot_eager),
     # the override's graph and gradients, the autocast policy
     tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_hypot.py", "tests/test_amp_policies.py"]
