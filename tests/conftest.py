@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,7 @@ def built_project(tmp_path_factory) -> Path:
 def installed(built_project) -> Path:
     """The session's project, as what `import torch` loads: other tests install copies of it (same
     device name, other operators), so it is reinstalled when it is not the one installed."""
-    if not build.installed_from(
-        built_project, json.loads((built_project / "backendgen.json").read_text())["dist_name"]
-    ):
-        api.build_backend(built_project)
-    return built_project
+    return ensure_installed(built_project)
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +115,63 @@ def opt_in_run(built_project):
 
 
 CONFORMANCE_ARGS = ("--opinfo", "--dtype", "float32", "--dtype", "int64")  # float32 and one integer dtype
+
+
+@dataclass
+class Documented:
+    """A copy of the session's project after the docs' commands that change a project."""
+
+    root: Path
+    runs: list  # (command, its completed process), in the docs' order, up to the first that failed
+    fallbacks_after: subprocess.CompletedProcess  # `abs` on the device right after the commands, in a new interpreter
+
+
+@pytest.fixture(scope="session")
+def documented_project(built_project, tmp_path_factory) -> Documented:
+    """The commands of the docs that change a project (tests/test_docs.py's IN_COPY: add-op of ATen
+    operators, of an operator of the backend's own and of an autograd override, an autocast policy,
+    the rebuilds, check --accept, ...) run once, in order, in one copy of the session's project, as
+    a user runs them; test_docs asserts that each succeeded, test_custom_ops reads the operators
+    they added (rather than adding and building them again)."""
+    from test_docs import IN_COPY, documented_env, render_documented
+
+    root = tmp_path_factory.mktemp("documented") / "project"
+    shutil.copytree(built_project, root, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    meta = json.loads((root / "backendgen.json").read_text())
+    runs = []
+    for entry in IN_COPY:
+        command = entry if isinstance(entry, str) else entry[1]
+        ran = subprocess.run(
+            ["bash", "-c", render_documented(command, meta)],
+            cwd=root,
+            env=documented_env(),
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=1200,
+        )
+        runs.append((command, ran))
+        if ran.returncode != 0:
+            break
+    probe = (
+        "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
+        " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())"
+    )
+    after = subprocess.run(
+        [sys.executable, "-c", probe, meta["device"]],
+        env=documented_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return Documented(root, runs, after)
+
+
+def ensure_installed(root: Path) -> Path:
+    """`root` as what `import torch` loads (tests install copies under the session's device name)."""
+    if not build.installed_from(root, json.loads((root / "backendgen.json").read_text())["dist_name"]):
+        api.build_backend(root)
+    return root
 
 
 @pytest.fixture

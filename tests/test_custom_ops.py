@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import ensure_installed, run_cli
 
 from backendgen import api
 from backendgen.kinds import customop
@@ -136,30 +136,23 @@ def test_amp_list_shows_the_table(project):
 
 
 @pytest.mark.slow
-def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
-    """The issue's end-to-end path: the own operator, the override and the policy, then one build that
-    runs their tests. (Each of these commands building and testing on its own, as README documents
-    them, is tests/test_docs.py's run of the same commands in a copy: not repeated here.)"""
-    root = project_copy
+def test_custom_op_override_and_amp_on_a_built_backend(documented_project):
+    """The issue's end-to-end path: the own operator, the override and the policy, each command
+    building and running its tests as README documents them. The commands are the docs' own,
+    run once in a copy of the session's project (conftest's documented_project, which
+    tests/test_docs.py asserts succeeded); this test reads what they left."""
+    root = ensure_installed(documented_project.root)
     dev = _device(root)
-    steps = [
-        (
-            "add-op",
-            f"{dev}::scale",
-            "--schema",
-            "(Tensor x, float alpha=1.0) -> Tensor",
-            "--body",
-            "x * alpha + at::sin(x)",
-            "--autograd",
-            "--no-build",
-        ),
-        ("add-op", "aten::hypot", "--autograd", "--no-build"),
-        ("amp", "set", "aten::add.Tensor", "lower_precision_fp"),
-    ]
-    for args in steps:
-        out = run_cli(*args, "--project", str(root))
-        assert out.returncode == 0, f"{args}: {out.stdout}{out.stderr}"
-    assert "built and tested" in out.stdout  # the last step built all three and ran the tests
+    ran = dict(documented_project.runs)
+    for command in (
+        'backendgen add-op mychip::scale --schema "(Tensor x, float alpha=1.0) -> Tensor" '
+        '--body "x * alpha + at::sin(x)" --autograd',
+        "backendgen add-op aten::hypot --autograd",
+        "backendgen amp set aten::add.Tensor lower_precision_fp",
+    ):
+        assert command in ran, f"the docs no longer run `{command}`: tests/test_docs.py IN_COPY"
+        out = ran[command]
+        assert out.returncode == 0 and "built and tested" in out.stdout, f"{command}: {out.stdout}{out.stderr}"
     # the generated tests, run again together: gradcheck, FakeTensorMode, torch.compile(aot_eager),
     # the override's graph and gradients, the autocast policy
     tests = [f"tests/ops/test_{dev}_scale.py", "tests/ops/test_autograd_hypot.py", "tests/test_amp_policies.py"]
@@ -201,7 +194,16 @@ def test_custom_op_override_and_amp_on_a_built_backend(project_copy):
     report = json.loads(out.stdout)
     subjects = {f["subject"] for f in report["findings"] if f["severity"] == "ok"}
     assert f"{dev}::*" in subjects
-    # the table's test fails when the table and the library disagree
+    # the table's test fails when the table and the library disagree (backendgen.json is put back
+    # after: the project is the session's documented copy)
+    recorded = (root / "backendgen.json").read_text()
+    try:
+        _tables_disagree_with_the_library(root, dev)
+    finally:
+        (root / "backendgen.json").write_text(recorded)
+
+
+def _tables_disagree_with_the_library(root, dev):
     meta = json.loads((root / "backendgen.json").read_text())
     meta["amp"]["mm"] = "fp32"
     (root / "backendgen.json").write_text(json.dumps(meta))

@@ -160,14 +160,14 @@ def _names(project: Path) -> dict:
     return json.loads((project / "backendgen.json").read_text())
 
 
-def _render(text: str, meta: dict) -> str:
+def render_documented(text: str, meta: dict) -> str:
     """The docs' `mychip` names, and the template's cookiecutter variables, as the session backend's."""
     for key in ("device", "DEVICE", "package", "dist_name"):
         text = text.replace(f"{{{{ cookiecutter.{key} }}}}", meta[key])
     return text.replace("MYCHIP", meta["DEVICE"]).replace("mychip", meta["device"])
 
 
-def _env() -> dict:
+def documented_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}  # a user's: autoload on
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's backendgen
     return env
@@ -206,11 +206,11 @@ def test_every_skip_entry_is_still_in_the_docs():
 def test_python_block_runs(index, installed, tmp_path):
     block = _python_blocks()[index]
     script = tmp_path / "block.py"
-    script.write_text(_render(block.text, _names(installed)))
+    script.write_text(render_documented(block.text, _names(installed)))
     ran = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
-        env=_env(),
+        env=documented_env(),
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -234,9 +234,9 @@ def _runnable() -> list[tuple[Block, str]]:
 def test_documented_command_runs(index, installed):
     block, command = _runnable()[index]
     ran = subprocess.run(
-        ["bash", "-c", _render(command, _names(installed))],
+        ["bash", "-c", render_documented(command, _names(installed))],
         cwd=installed,
-        env=_env(),
+        env=documented_env(),
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
@@ -249,40 +249,20 @@ def test_the_generated_readme_is_the_templates_rendered(built_project):
     """The blocks run above come from the template's README: the session project's copy renders it."""
     meta = _names(built_project)
     rendered = [b.text for b in blocks(built_project / "README.md", "x")]
-    template = [_render(b.text, meta) for b in _template_readme_blocks()]
+    template = [render_documented(b.text, meta) for b in _template_readme_blocks()]
     assert rendered == template
 
 
-def test_documented_commands_that_change_the_project_run_in_a_copy(project_copy):
-    meta = _names(project_copy)
-    for entry in IN_COPY:
-        command = entry if isinstance(entry, str) else entry[1]
-        ran = subprocess.run(
-            ["bash", "-c", _render(command, meta)],
-            cwd=project_copy,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=1200,
-        )
+def test_documented_commands_that_change_the_project_run_in_a_copy(documented_project):
+    """conftest's documented_project ran them, in the docs' order, in one copy of the project."""
+    root = documented_project.root
+    for command, ran in documented_project.runs:
         assert ran.returncode == 0, (
             f"`{command}` exited {ran.returncode} in a copy of the project:\n{ran.stdout}\n{ran.stderr}"
         )
-    ops = {o["op"] for o in json.loads((project_copy / "backendgen.json").read_text())["ops"]}
+    assert [c for c, _ in documented_project.runs] == [e if isinstance(e, str) else e[1] for e in IN_COPY]
+    ops = {o["op"] for o in json.loads((root / "backendgen.json").read_text())["ops"]}
     assert {"aten::abs.out", "aten::topk.values"} <= ops, ops  # add-op's record survived the rebuilds and --accept
-    ran = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import torch, sys; d = sys.argv[1]; m = getattr(torch, d); m.reset_fallback_counts();"
-            " torch.ones(3, device=d).neg().abs(); print(m.fallback_counts())",
-            meta["device"],
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    ran = documented_project.fallbacks_after
     assert ran.returncode == 0, ran.stderr
     assert "aten::abs" not in ran.stdout, ran.stdout  # the copy, with its native abs, is what import torch loads

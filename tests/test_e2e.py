@@ -258,7 +258,11 @@ def test_add_op_writes_native_view_kernels(project_copy):
 @pytest.mark.slow
 def test_add_op_reports_the_generated_tests_it_skipped(project_copy):
     """No OpInfo sample calls _standard_gamma_grad: its generated test skips, and add-op says so
-    (it used to print only "built and tested")."""
+    (it used to print only "built and tested"). The harness looks for samples for a minute before
+    it gives up; here, where the report is what is tested, for a few seconds (a hand edit)."""
+    harness = project_copy / "tests/ops/harness.py"
+    assert "\nSEARCH_SECONDS = 60.0\n" in harness.read_text()
+    harness.write_text(harness.read_text().replace("\nSEARCH_SECONDS = 60.0\n", "\nSEARCH_SECONDS = 5.0\n"))
     out = run_cli("add-op", "aten::_standard_gamma_grad", "--project", str(project_copy))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "aten::_standard_gamma_grad: built and tested (1 of the new tests skipped)" in out.stdout, out.stdout
