@@ -88,3 +88,31 @@ def test_a_pointwise_operator_refuses_a_cpu_tensor_beside_device_ones(op):
         op(b, a)
     # a CPU scalar (0-dim) is fine beside device tensors, as on CUDA
     torch.testing.assert_close(op(b, torch.tensor(0.5)).cpu(), op(b.cpu(), torch.tensor(0.5)))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d, c: torch.cat([c, d]),
+        lambda d, c: torch.cat([d, c]),
+        lambda d, c: torch.stack([d, c]),
+        lambda d, c: torch.bucketize(d, c),
+        lambda d, c: torch.searchsorted(d, torch.tensor(1.0)),  # a CPU scalar too
+    ],
+    ids=["cat-cpu-first", "cat-device-first", "stack", "bucketize", "searchsorted-cpu-scalar"],
+)
+def test_an_operator_without_its_own_device_check_refuses_a_cpu_tensor(call):
+    """ATen operators that do not check devices themselves (no `device_check: NoCheck` in
+    native_functions.yaml: cat, bucketize, ...) take every tensor on one device, a CPU scalar
+    neither, as on CUDA; the CPU fallback reads which they are from the installed torch."""
+    d, c = torch.arange(2.0, device=DEVICE), torch.arange(2.0)
+    with pytest.raises(RuntimeError, match=MIXED):
+        call(d, c)
+    assert torch.cat([d, d]).cpu().tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert_device_still_fine()
+
+
+@pytest.mark.skipif({{ cookiecutter.num_devices }} < 2, reason="needs two devices")
+def test_an_operator_without_its_own_device_check_refuses_two_devices():
+    with pytest.raises(RuntimeError, match=MIXED):
+        torch.cat([torch.ones(2, device=f"{DEVICE}:0"), torch.ones(2, device=f"{DEVICE}:1")])

@@ -65,6 +65,7 @@
 #include <ATen/quantized/Quantizer.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,6 +73,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -583,22 +585,97 @@ struct Timed {
   }
 };
 
-// PyTorch's device rules for arguments that mix the device and the CPU, checked before anything is
-// staged (on the CPU side every argument is a CPU tensor, so the CPU kernel cannot check them):
+// Which ATen operators ask for every tensor argument on one device: in native_functions.yaml, those
+// without `device_check: NoCheck` (NoCheck: the kernel checks for itself, e.g. TensorIterator's CPU
+// scalars, or indexing's CPU indices). PyTorch's generated CUDA wrappers check them before the
+// kernel runs; a backend's boxed fallback must do it itself. Read once, at the first call that mixes
+// devices, from the installed torch's own file: the torch wheel ships torchgen/packaged/ beside
+// torch/ (found from where libc10 was loaded), so the table is always that torch's. Without the
+// file (a torch installed without torchgen) the rules in check_mixed_devices below it still apply.
+struct DeviceCheckTable {
+  std::unordered_set<std::string> declared;  // every ATen operator, "name" or "name.overload"
+  std::unordered_set<std::string> no_check;  // those declaring `device_check: NoCheck`
+};
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+DeviceCheckTable read_device_check_table() {
+  DeviceCheckTable table;
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&c10::GetCPUAllocator), &info) == 0 || info.dli_fname == nullptr) return table;
+  const std::string packages = parent_dir(parent_dir(parent_dir(info.dli_fname)));  // <packages>/torch/lib/libc10.so
+  std::ifstream yaml(packages + "/torchgen/packaged/ATen/native/native_functions.yaml");
+  std::string line, current;
+  while (std::getline(yaml, line)) {
+    if (line.rfind("- func: ", 0) == 0) {
+      current = line.substr(8, line.find('(') - 8);
+      table.declared.insert(current);
+    } else if (!current.empty() && line.rfind("  device_check: NoCheck", 0) == 0) {
+      table.no_check.insert(current);
+    }
+  }
+  return table;
+}
+
+bool requires_one_device(const c10::OperatorHandle& op) {
+  static const DeviceCheckTable table = read_device_check_table();
+  const c10::OperatorName& name = op.operator_name();
+  if (name.name.rfind("aten::", 0) != 0) return false;  // not ATen's: its kernels decide
+  std::string key = name.name.substr(6);
+  if (!name.overload_name.empty()) key += "." + name.overload_name;
+  return table.declared.count(key) != 0 && table.no_check.count(key) == 0;
+}
+
+// PyTorch's device rules, checked before anything is staged (on the CPU side every argument is a
+// CPU tensor, so the CPU kernel cannot check them):
+//   - an operator that asks for one device (above) takes no tensor on another device, a CPU scalar
+//     neither, as on CUDA (torch.cat([cpu, device]) raises);
 //   - a pointwise operator (TensorIterator) takes CPU tensors beside device ones only as scalars
 //     (0-dim), as on CUDA;
 //   - indexing takes CPU indices for a device tensor, not device indices for a CPU tensor.
+void check_one_device(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const std::vector<c10::Argument>& args = op.schema().arguments();
+  const size_t first = stack.size() - args.size();
+  std::optional<c10::Device> common;
+  auto same = [&](const at::Tensor& t, const std::string& arg) {
+    if (!t.defined()) return;
+    if (!common.has_value()) {
+      common = t.device();
+      return;
+    }
+    TORCH_CHECK(t.device() == *common, "Expected all tensors to be on the same device, but got ", arg, " is on ",
+                t.device(), ", different from other tensors on ", *common, " (when checking argument in method ",
+                op.schema().name(), ")");
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      same(v.toTensor(), args[i].name());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) same(t, args[i].name());
+    } else if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (t.has_value()) same(*t, args[i].name());
+      }
+    }
+  }
+}
+
 void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const std::vector<c10::Argument>& args = op.schema().arguments();
   const size_t first = stack.size() - args.size();
   std::optional<c10::Device> device;
-  bool cpu_tensor = false;
+  bool cpu_tensor = false, cpu_scalar = false, two_devices = false;
   auto visit = [&](const at::Tensor& t) {
     if (!t.defined()) return;
     if (t.device().type() == c10::DeviceType::PrivateUse1) {
       if (!device.has_value()) device = t.device();
-    } else if (t.device().is_cpu() && t.dim() > 0) {
-      cpu_tensor = true;
+      two_devices = two_devices || t.device() != *device;
+    } else if (t.device().is_cpu()) {
+      (t.dim() > 0 ? cpu_tensor : cpu_scalar) = true;
     }
   };
   for (size_t i = 0; i < args.size(); ++i) {
@@ -612,6 +689,9 @@ void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack&
         if (t.has_value()) visit(*t);
       }
     }
+  }
+  if (device.has_value() && (cpu_tensor || cpu_scalar || two_devices) && requires_one_device(op)) {
+    check_one_device(op, stack);
   }
   if (!device.has_value() || !cpu_tensor) return;
   TORCH_CHECK(!op.hasTag(at::Tag::pointwise), "Expected all tensors to be on the same device, but found at least two ",
