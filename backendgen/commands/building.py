@@ -32,7 +32,7 @@ def build_backend(
         check_no_other_backend(project.dist_name)  # its tests, or the install, would break
     if test_it:
         build.check_test_tools()
-    with transaction.change(project):  # a missing file is named, not a compiler error; nothing is written
+    with transaction.change(project, edits=False):  # a missing file is named, not a compiler error; nothing is written
         with rep.step("build"):
             outcome = build.build(project.root, project.package, project.dist_name, allow_fast=not full)
         result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)

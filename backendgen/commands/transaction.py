@@ -120,10 +120,14 @@ def change(
     rebuilds: bool = True,
     keep_on_failure: bool = False,
     kept: str | None = None,
+    edits: bool = True,
 ) -> Iterator[Change]:
     """Hold the project's lock, inspect it (backendgen.json vs its files vs the built library) and refuse
     a missing file (`require_files`; a command that deletes files checks after it knows which, with
-    `Change.require_files`); roll back what the block wrote if it fails."""
+    `Change.require_files`) and, for a command that `edits` the project's files, a project from a
+    newer template than this backendgen's; roll back what the block wrote if it fails."""
+    if edits:
+        project.require_known_template()
     with project.lock():
         ch = Change(project, consistency.inspect(project), rebuilds=rebuilds, keep_on_failure=keep_on_failure)
         if kept is not None:

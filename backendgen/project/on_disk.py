@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen import __version__
 from backendgen.plumbing.errors import LockedError, NotAProjectError, ProjectError
 from backendgen.plumbing.files import write_atomic
 from backendgen.project import history, manifest
@@ -55,6 +56,18 @@ class Project:
             return int(self.record.template_version or 1)
         except (TypeError, ValueError):
             return 1
+
+    def require_known_template(self) -> None:
+        """Refuse a project from a template newer than this backendgen's: what this backendgen would
+        write follows an older layout, and its records may not know the newer fields."""
+        current = manifest.load().template_version
+        if self.template_version > current:
+            made = self.record.backendgen_version or "a newer one"
+            raise ProjectError(
+                f"this project is from template {self.template_version} (backendgen {made}), newer than this "
+                f"backendgen's template {current} (backendgen {__version__}): upgrade backendgen "
+                "(pip install -U backendgen) to change it"
+            )
 
     @property
     def paths(self) -> dict[str, str]:
