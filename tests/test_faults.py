@@ -244,6 +244,36 @@ def test_a_full_disk_while_the_library_is_installed_is_one_line(killed_and_rerun
     assert so.read_bytes() == before
 
 
+def test_a_full_disk_during_the_link_names_where_the_build_writes(killed_and_rerun, tmp_path):
+    """The linker's own words are "final link failed: No space left on device" and "ld returned 1
+    exit status"; the error names the full file system, with the space left where the build writes,
+    and the package keeps the library it had."""
+    from backendgen.toolchain import build
+
+    root, _ = killed_and_rerun
+    package = json.loads((root / "backendgen.json").read_text())["package"]
+    record = build.BuildRecord.load(root)
+    assert record is not None  # the next build takes the fast path: ninja, the link, the copy
+    so = build.extension_path(root, package)
+    before = so.read_bytes()
+    library = root / record.library
+    objects = [root / a for a in record.data["link"] if a.endswith(".o")]
+    os.utime(objects[0])  # newer than the library: the link runs again
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(library.parent)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        out = run_cli("build", "--project", str(root))
+    finally:
+        subprocess.run(["umount", str(library.parent)], capture_output=True)
+    assert out.returncode == 2, out.stdout + out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "no space left on device" in line and f"{library.parent} " in line and " KB" in line, line
+    assert "the previous build was kept" in line and "Traceback" not in out.stderr
+    assert so.read_bytes() == before
+
+
 def test_check_reports_a_record_its_files_and_library_do_not_match_and_build_names_the_file(built_copy):
     """An operator recorded after the last build (what a kill between recording and building
     leaves), and a recorded kernel file deleted by hand: check reports both; build and add-op name

@@ -23,6 +23,7 @@ libraries (`TORCH_LIBRARIES`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -213,7 +214,10 @@ def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow
         return BuildOutcome(log, How.PIP, why)
 
 
-def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
+def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path, writes_to: tuple[Path, ...] = ()) -> None:
+    """A failed child of the build as one error: an interrupt, a full disk (naming where the build
+    writes, with the space left on each: the compiler's or linker's own line says only "No space
+    left on device", or "ld returned 1 exit status"), else the first compiler error."""
     if proc.returncode != 0:
         text = log.read_text(errors="replace")
         # Ctrl-C reaches the whole process group: when ninja (or pip) dies of it before this process
@@ -221,7 +225,28 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path) -> None:
         # (anywhere in the log: pip -v prints pages after its build backend's traceback)
         if proc.returncode in (130, -signal.SIGINT) or re.search(r"returned non-zero exit status (130|-2)\.", text):
             raise KeyboardInterrupt
+        full = next((line.strip() for line in text.splitlines() if os.strerror(errno.ENOSPC) in line), None)
+        if full is not None:
+            root = log.parent.parent  # <root>/build/<log>
+            places = dict.fromkeys([*writes_to, root / LOG_DIR, Path(tempfile.gettempdir())])
+            raise EnvironmentProblem(
+                f"cannot build: no space left on device ({full[:200]}); space left where the build writes: "
+                + ", ".join(_space_left(p) for p in places)
+                + f"; the previous build was kept (full log: {log})"
+            )
         raise BuildError("build failed", log=log, first_error=first_error(text))
+
+
+def _space_left(path: Path) -> str:
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return f"{path} (unknown)"
+    for unit in ("B", "KB", "MB", "GB"):
+        if free < 1024 or unit == "GB":
+            return f"{path} {free:.0f} {unit}" if unit == "B" else f"{path} {free:.1f} {unit}"
+        free /= 1024
+    return str(path)
 
 
 RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
@@ -413,7 +438,7 @@ class BuildRecord:
                     stdin=subprocess.DEVNULL,
                     phase="build:child",
                 )
-            _raise_if_failed(proc, log)
+            _raise_if_failed(proc, log, writes_to=(library.parent,))
         target = root / package / library.name
         here = target.stat() if target.exists() else None
         built = library.stat()
