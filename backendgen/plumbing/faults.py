@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 _done: set[str] = set()
 
@@ -45,9 +46,7 @@ def reached(phase: str) -> None:
         return
     _done.add(phase)
     if action == "wait":
-        from backendgen.plumbing.interrupt import sleep_until_signalled
-
-        sleep_until_signalled()
+        _sleep_until_signalled()
     elif action.startswith("SIG"):
         os.kill(os.getpid(), signal.Signals[action])
 
@@ -56,3 +55,10 @@ def child_started(proc) -> None:
     """A child process (in a process group of its own) started: phase `build:child` when it is the build's."""
     if "BACKENDGEN_FAULT" in os.environ or "BACKENDGEN_FAULT_LOG" in os.environ:
         _log("child", proc.pid)
+
+
+def _sleep_until_signalled(seconds: float = 600.0) -> None:
+    """Wait for a signal (the fault hook's `wait`): returns after `seconds` if none came."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)

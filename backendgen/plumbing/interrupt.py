@@ -19,7 +19,8 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
+
+from backendgen.plumbing import faults
 
 # the signals that mean "stop and put things back", with the conventional exit status (128 + N)
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -77,8 +78,6 @@ def stop(proc: subprocess.Popen) -> None:
 
 def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     """`subprocess.Popen` in a process group of its own (stop it with `stop`)."""
-    from backendgen.plumbing import faults
-
     proc = subprocess.Popen(cmd, process_group=0, **kwargs)
     faults.child_started(proc)
     return proc
@@ -99,18 +98,9 @@ def run(
     proc = popen(cmd, **kwargs)
     try:
         if phase is not None:
-            from backendgen.plumbing import faults
-
             faults.reached(phase)
         out, err = proc.communicate(input_, timeout=timeout)
     except BaseException:
         stop(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def sleep_until_signalled(seconds: float = 600.0) -> None:
-    """Wait for a signal (the fault hook's `wait`): returns after `seconds` if none came."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
