@@ -133,7 +133,7 @@ def documented_project(built_project, tmp_path_factory) -> Documented:
     the rebuilds, check --accept, ...) run once, in order, in one copy of the session's project, as
     a user runs them; test_docs asserts that each succeeded, test_custom_ops reads the operators
     they added (rather than adding and building them again)."""
-    from test_docs import IN_COPY, documented_env, render_documented
+    from test_docs import IN_COPY, documented_env, run_documented
 
     root = tmp_path_factory.mktemp("documented") / "project"
     shutil.copytree(built_project, root, symlinks=True, ignore=shutil.ignore_patterns("build", "*.egg-info"))
@@ -141,15 +141,7 @@ def documented_project(built_project, tmp_path_factory) -> Documented:
     runs = []
     for entry in IN_COPY:
         command = entry if isinstance(entry, str) else entry[1]
-        ran = subprocess.run(
-            ["bash", "-c", render_documented(command, meta)],
-            cwd=root,
-            env=documented_env(),
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=1200,
-        )
+        ran = run_documented(command, root, timeout=1200)
         runs.append((command, ran))
         if ran.returncode != 0:
             break

@@ -173,6 +173,19 @@ def documented_env() -> dict:
     return env
 
 
+def run_documented(command: str, project: Path, *, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A documented command, its names the project's, run with bash in the project as a user runs it."""
+    return subprocess.run(
+        ["bash", "-c", render_documented(command, _names(project))],
+        cwd=project,
+        env=documented_env(),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
+
+
 def _where(b: Block) -> str:
     return f"{b.doc}, block at line {b.line}"
 
@@ -233,15 +246,7 @@ def _runnable() -> list[tuple[Block, str]]:
 @pytest.mark.parametrize("index", range(len(_runnable())), ids=lambda i: _runnable()[i][1])
 def test_documented_command_runs(index, installed):
     block, command = _runnable()[index]
-    ran = subprocess.run(
-        ["bash", "-c", render_documented(command, _names(installed))],
-        cwd=installed,
-        env=documented_env(),
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-    )
+    ran = run_documented(command, installed)
     assert ran.returncode == 0, f"{_where(block)}: `{command}` exited {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
 
 
