@@ -126,7 +126,7 @@ def add_op_target(name: str, db: OpDB, project: Project) -> tuple[str | None, st
         return None, "not an ATen operator (add-op writes kernels for aten:: operators)"
     try:
         plan = kernelgen.plan_kernel(db, db.resolve(name), features=project.features)
-        kernelgen.kernel_body(plan.target, features=project.features)
+        kernelgen.check_supported(plan.target, features=project.features)
     except UserError as e:
         return None, _short_reason(name, str(e))
     target = plan.target.qualified

@@ -275,7 +275,7 @@ def plan_ops(names: list[str], project: Project, db: OpDB) -> tuple[list[kernelg
                 unchanged.append(plan.requested.qualified)  # its composite kernel runs the native one
                 continue
             raise UserError(no_cpu_kernel_message(plan.target, missing))
-        kernelgen.kernel_body(plan.target)  # refuse unsupported signatures before writing anything
+        kernelgen.check_supported(plan.target)  # refuse unsupported signatures before writing anything
         plans.append(plan)
     return plans, unchanged
 

@@ -267,11 +267,7 @@ def view_body(op: Op) -> Body:
         elif a.kind.is_list:
             prelude.append(f"auto {n}_h = {K}::host_alias({n});")
             call_args.append(f"{n}_h")
-        elif a.kind is not ArgKind.VALUE:  # devices, and tensors in other forms
-            raise UserError(
-                f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported in a view kernel yet"
-            )
-        else:
+        else:  # a value (check_supported refused every other kind)
             call_args.append(n)
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     if op.return_kind is ReturnKind.TENSOR:
@@ -296,9 +292,8 @@ def kernel_body(
     `callee`: the function run on the host aliases (default: the operator itself, through the dispatcher).
     A view operator gets `view_body`. `stream_scope`: see device_setup (a queued kernel's body, the
     path for a torch without a meta kernel, holds the stream itself)."""
+    check_supported(op, features=features, callee=callee)
     if callee is None and is_view(op):
-        if not _common_device(features):
-            raise _needs_common_device(op)
         return view_body(op)
     setup, prelude, epilogue, call_args = device_setup(op, features=features, stream_scope=stream_scope), [], [], []
     writes: list[str] = []
@@ -326,11 +321,7 @@ def kernel_body(
         elif k is ArgKind.DEVICE:  # the CPU kernel runs on host aliases: it is told the CPU
             device_expr = n
             call_args.append("at::Device(at::kCPU)")
-        elif k is ArgKind.OTHER_TENSOR:
-            raise UserError(
-                f"{op.qualified}: argument {n} of C++ type {a.cpp_type} is not supported by the generator yet"
-            )
-        else:
+        else:  # values (check_supported refused other tensor forms)
             call_args.append(n)
     if device_expr is None:
         device_expr = "c10::Device(c10::DeviceType::PrivateUse1)"
@@ -360,8 +351,6 @@ def kernel_body(
             "result",
         )
     if kind in (ReturnKind.TUPLE_OF_TENSORS, ReturnKind.TUPLE):
-        if any(k not in (ReturnKind.TENSOR, ReturnKind.VALUE) for k in op.return_items):
-            raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
         items = [
             f"{K}::to_device(::std::get<{i}>(result), result_device)"
             if k is ReturnKind.TENSOR
@@ -369,9 +358,33 @@ def kernel_body(
             for i, k in enumerate(op.return_items)
         ]
         return Body(setup, prelude, f"auto result = {call};", epilogue + [to_dev], f"{ret_cpp}({', '.join(items)})")
-    if kind is ReturnKind.OTHER_TENSOR:
-        raise UserError(f"{op.qualified}: return type {ret_cpp} is not supported by the generator yet")
     return Body(setup, prelude, f"auto result = {call};", epilogue, "result")
+
+
+def check_supported(op: Op, *, features: frozenset[str] | None = None, callee: str | None = None) -> None:
+    """Raise UserError when kernel_body cannot write `op`'s body (an argument or return type the
+    generator does not handle, a view kernel in a template without them): what add-op and profile
+    ask before anything is written, without rendering the body."""
+    view = callee is None and is_view(op)
+    if view:
+        if not _common_device(features):
+            raise _needs_common_device(op)
+        view_base(op)  # raises when a view kernel cannot serve it
+    for a in op.args:
+        if view and not (a.kind.host_aliased or a.kind.is_list or a.kind is ArgKind.VALUE):
+            raise UserError(
+                f"{op.qualified}: argument {a.name} of C++ type {a.cpp_type} is not supported in a view kernel yet"
+            )
+        if a.kind is ArgKind.OTHER_TENSOR:
+            raise UserError(
+                f"{op.qualified}: argument {a.name} of C++ type {a.cpp_type} is not supported by the generator yet"
+            )
+    if view:
+        return
+    kind = op.return_kind
+    tuple_ok = all(k in (ReturnKind.TENSOR, ReturnKind.VALUE) for k in op.return_items)
+    if kind is ReturnKind.OTHER_TENSOR or (kind in (ReturnKind.TUPLE_OF_TENSORS, ReturnKind.TUPLE) and not tuple_ok):
+        raise UserError(f"{op.qualified}: return type {op.returns_cpp} is not supported by the generator yet")
 
 
 # --- queued kernels ------------------------------------------------------------------------------
