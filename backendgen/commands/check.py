@@ -33,6 +33,7 @@ from backendgen import __version__
 from backendgen.kinds import registration, registry
 from backendgen.kinds.findings import Area, CheckReport, Kind, Severity
 from backendgen.kinds.kind import keyed
+from backendgen.plumbing import interrupt
 from backendgen.plumbing.environment import installed_torch, subprocess_env
 from backendgen.plumbing.errors import EnvironmentProblem, ProjectError
 from backendgen.project import contract, devmodule, manifest
@@ -118,7 +119,7 @@ def _start_probe(project: Project, schemas: dict[str, str], device_module: list[
         "keys": _expected_keys(project),
         "device_module": device_module,
     }
-    return subprocess.Popen(
+    return interrupt.popen(
         [sys.executable, "-m", "backendgen.programs.probe", json.dumps(req)],
         cwd=project.root,
         env=subprocess_env(autoload="0", pythonpath=project.root),
@@ -133,8 +134,11 @@ def _probe_results(proc: subprocess.Popen) -> tuple[dict, str, int]:
     try:
         stdout, stderr = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        interrupt.stop(proc)
         stdout, stderr = proc.communicate()
+    except BaseException:  # Ctrl-C: the probe is in a process group of its own
+        interrupt.stop(proc)
+        raise
     results: dict = {}
     for line in stdout.splitlines():
         try:
@@ -487,8 +491,7 @@ def check_project(
     try:
         db = opdb or load_opdb()
     except BaseException:
-        probe.kill()
-        probe.wait()
+        interrupt.stop(probe)
         raise
     probed, stderr, returncode = _probe_results(probe)
     report = CheckReport(project=str(project.root), strict=strict)

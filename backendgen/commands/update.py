@@ -30,8 +30,6 @@ import contextlib
 import dataclasses
 import difflib
 import re
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from backendgen.commands import transaction
 from backendgen.commands.transaction import check_no_other_backend
 from backendgen.kinds import registration, registry
 from backendgen.kinds.aten_kernel import kernel_files
+from backendgen.plumbing import git
 from backendgen.plumbing.errors import ProjectError
 from backendgen.plumbing.files import sha256_text
 from backendgen.plumbing.progress import Reporter
@@ -201,26 +200,6 @@ def recorded_version(project: Project) -> int:
             f"the project is on template {version} but this backendgen's template is {current}; upgrade backendgen"
         )
     return version
-
-
-def git_dirty(root: Path) -> list[str] | None:
-    """Files with uncommitted changes under `root` if it is in a git work tree, else None (no git,
-    or not a repository: nothing to compare with)."""
-    if shutil.which("git") is None:
-        return None
-    inside = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
-    )
-    if inside.returncode != 0 or inside.stdout.strip() != "true":
-        return None
-    status = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--", "."],
-        capture_output=True,
-        text=True,
-    )
-    if status.returncode != 0:
-        return None
-    return [line[3:] for line in status.stdout.splitlines() if line[3:] and not line[3:].endswith(".backendgen.lock")]
 
 
 def pending_conflicts(project: Project) -> list[str]:
@@ -654,7 +633,7 @@ def update_project(
     kept = "the updated files were kept (--keep-on-failure); git diff shows them"
     with transaction.change(project, keep_on_failure=keep_on_failure, kept=kept) as change:
         if not dry_run and not allow_dirty:
-            dirty = git_dirty(project.root)
+            dirty = git.dirty_files(project.root)
             if dirty:
                 more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
                 raise ProjectError(

@@ -13,13 +13,12 @@ import contextlib
 import difflib
 import functools
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 from backendgen.kinds import kernelgen, kind
 from backendgen.kinds.findings import Area, Kind, Severity
 from backendgen.kinds.kind import Planned, Removal, Request, UpdateStep
+from backendgen.plumbing import git
 from backendgen.plumbing.errors import ProjectError, UserError
 from backendgen.plumbing.files import sha256_of, sha256_text
 from backendgen.project import contract, manifest
@@ -586,7 +585,7 @@ def kernel_base(
     current kernelgen in the older template's kernel shape (and variants: kernelgen itself has
     changed between releases); without an exact one, the rendering closest to the project's file."""
     if recorded:
-        for text in git_versions(project.root, source):
+        for text in git.file_versions(project.root, source):
             if sha256_text(text) == recorded:
                 return text, True
     candidates = []
@@ -611,24 +610,6 @@ def kernel_base(
         candidates, key=lambda c: difflib.SequenceMatcher(None, c.splitlines(), ours_lines, autojunk=False).ratio()
     )
     return closest, False
-
-
-def git_versions(root: Path, rel: str, limit: int = 50) -> list[str]:
-    """The committed versions of `rel` (newest first) if the project is in a git work tree."""
-    if shutil.which("git") is None:
-        return []
-    log = subprocess.run(
-        ["git", "-C", str(root), "log", f"-n{limit}", "--format=%H", "--", rel], capture_output=True, text=True
-    )
-    if log.returncode != 0:
-        return []
-    out = []
-    for commit in log.stdout.split():
-        show = subprocess.run(["git", "-C", str(root), "show", f"{commit}:./{rel}"], capture_output=True)
-        if show.returncode == 0:
-            with contextlib.suppress(UnicodeDecodeError):
-                out.append(show.stdout.decode())
-    return out
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:

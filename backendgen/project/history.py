@@ -30,13 +30,13 @@ import functools
 import io
 import json
 import lzma
-import subprocess
 import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from backendgen.plumbing import git
 from backendgen.plumbing.errors import UserError
 from backendgen.project import manifest, template_tree
 
@@ -207,10 +207,12 @@ def template_of(version: int):
 
 def _git(repo: Path, *args: str, data: bytes | None = None) -> bytes:
     try:
-        return subprocess.run(["git", "-C", str(repo), *args], input=data, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = e.stderr.decode(errors="replace").strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
-        raise UserError(f"git {' '.join(args[:2])} failed: {detail}") from None
+        proc = git.run(*args, cwd=repo, data=data)
+    except OSError as e:
+        raise UserError(f"git {' '.join(args[:2])} failed: {e}") from None
+    if proc.returncode != 0:
+        raise UserError(f"git {' '.join(args[:2])} failed: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
 
 
 def git_states(repo: Path, current: int) -> list[dict]:

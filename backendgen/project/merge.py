@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import difflib
 import os
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
+
+from backendgen.plumbing import git
 
 MARKER_SIZE = 7
 
@@ -47,7 +47,7 @@ def merge3(
     if base == ours:
         return MergeResult(theirs, 0)
     if use_git is None:
-        use_git = shutil.which("git") is not None
+        use_git = git.available()
     if use_git:
         return _git_merge(base, ours, theirs, labels)
     return _py_merge(base, ours, theirs, labels)
@@ -67,23 +67,7 @@ def _git_merge(base: str, ours: str, theirs: str, labels: tuple[str, str, str]) 
             with open(path, "w", newline="") as fh:
                 fh.write(text)
             paths.append(path)
-        proc = subprocess.run(
-            [
-                "git",
-                "merge-file",
-                "-p",
-                "--diff3",
-                f"--marker-size={MARKER_SIZE}",
-                "-L",
-                labels[0],
-                "-L",
-                labels[1],
-                "-L",
-                labels[2],
-                *paths,
-            ],
-            capture_output=True,
-        )
+        proc = git.merge_file(paths, labels, MARKER_SIZE)
     if proc.returncode < 0 or proc.returncode > 127:  # git merge-file: >= 0 conflicts, negative on error
         raise RuntimeError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()}")
     return MergeResult(proc.stdout.decode(), proc.returncode)

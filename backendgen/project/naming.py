@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from backendgen.plumbing import interrupt
 from backendgen.plumbing.environment import subprocess_env
 from backendgen.plumbing.errors import InvalidNameError
 from backendgen.plumbing.files import write_atomic
@@ -123,12 +124,12 @@ def torch_attribute_names() -> frozenset[str]:
         return frozenset(json.loads(path.read_text()))
     except (OSError, ValueError):
         pass
-    out = subprocess.run(
+    out = interrupt.run(
         [sys.executable, "-m", "backendgen.programs.torch_names"],
         capture_output=True,
         text=True,
         env=subprocess_env(autoload="0"),
-        check=False,
+        stdin=subprocess.DEVNULL,
     )
     if out.returncode != 0:
         from backendgen.plumbing.errors import EnvironmentProblem

@@ -704,7 +704,7 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
         with open(log, "a") as fh:
             fh.write("$ " + " ".join(cmd) + "\n")
             fh.flush()
-            proc = subprocess.run(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = interrupt.run(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         repaired = sorted((work / "repaired").glob("*.whl"))
         if proc.returncode != 0 or len(repaired) != 1:
             text = log.read_text(errors="replace")
