@@ -266,6 +266,9 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
         text=True,
         env=dict(os.environ, BACKENDGEN_NO_CCACHE="1"),
         start_new_session=True,
+        # as in a terminal: a test run started in the background of a script (`pytest &`) ignores
+        # SIGINT, and a child inherits that; Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _wait_for_a_compiler_under(proc)
@@ -275,6 +278,9 @@ def test_ctrl_c_during_the_build_leaves_the_project_as_it_was(rendered_project, 
         raise
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: every process of the command gets it
     out, err = proc.communicate(timeout=300)
+    if proc.returncode != 130:  # a build that went through installed the copy: the session's tests need theirs
+        dist = json.loads((root / "backendgen.json").read_text())["dist_name"]
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", dist], capture_output=True)
     assert proc.returncode == 130, out + err
     assert "interrupted" in err
     assert files() == before
