@@ -238,15 +238,17 @@ def _raise_if_failed(proc: subprocess.CompletedProcess, log: Path, writes_to: tu
 
 
 def _space_left(path: Path) -> str:
+    """`path` and the free space of its file system, e.g. "/tmp 60.0 KB"."""
     try:
-        free = shutil.disk_usage(path).free
+        free = float(shutil.disk_usage(path).free)
     except OSError:
         return f"{path} (unknown)"
-    for unit in ("B", "KB", "MB", "GB"):
-        if free < 1024 or unit == "GB":
-            return f"{path} {free:.0f} {unit}" if unit == "B" else f"{path} {free:.1f} {unit}"
-        free /= 1024
-    return str(path)
+    unit = "B"
+    for bigger in ("KB", "MB", "GB"):
+        if free < 1024:
+            break
+        free, unit = free / 1024, bigger
+    return f"{path} {free:.0f} B" if unit == "B" else f"{path} {free:.1f} {unit}"
 
 
 RECORD = Path(LOG_DIR) / "backendgen-build-record.json"
