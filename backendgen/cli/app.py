@@ -35,7 +35,7 @@ def _out(stderr: bool = False):
 
 
 def _reporter():
-    from backendgen.plumbing.progress import ConsoleReporter
+    from backendgen.cli.progress import ConsoleReporter
 
     return ConsoleReporter(_out(), quiet=_state["quiet"])
 
@@ -460,7 +460,7 @@ def _pytorch_tests(tests_dir: Path, files: list[str], project: Path | None, *, t
     import json
 
     from backendgen import api
-    from backendgen.plumbing.progress import ConsoleReporter
+    from backendgen.cli.progress import ConsoleReporter
 
     # with --json, stdout is the report alone: the progress lines go to stderr
     reporter = ConsoleReporter(_out(stderr=True), quiet=_state["quiet"]) if json_out else _reporter()

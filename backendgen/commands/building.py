@@ -33,11 +33,11 @@ def build_backend(
     if test_it:
         build.check_test_tools()
     with transaction.change(project, edits=False):  # a missing file is named, not a compiler error; nothing is written
-        with rep.step("build"):
+        with rep.step("build", build.watch_build(project.root)):
             outcome = build.build(project.root, project.package, project.dist_name, allow_fast=not full)
         result = BuildResult(project.root, outcome.log, outcome.how, outcome.why_full)
         if test_it:
-            with rep.step("test"):
+            with rep.step("test", build.watch_tests(project.root)):
                 build.run_tests(project.root)
             result.tested = True
     return result
@@ -61,7 +61,7 @@ def build_wheel(
         )
     build.check_wheel_tools()  # before the step: a missing tool is one line
     with project.lock():
-        with rep.step("wheel"):
+        with rep.step("wheel", build.Watch(log=build.log_path(project.root, "wheel"))):
             return build.build_wheel(
                 project.root, project.device, Path(out) if out else project.root / "dist", torch_label=torch_label
             )

@@ -104,14 +104,14 @@ def new_backend(
     if build_it:
         try:
             faults.reached("new:rendered")
-            with rep.step("build"):
+            with rep.step("build", build.watch_build(dest)):
                 build.build(dest, names.package, names.dist_name, incremental=False)
             result.built = True
         except KeyboardInterrupt:
             _unmake(dest, backup)  # interrupted: as if `new` had not run, so that running it again works
             raise
         if test_it:
-            with rep.step("test"):
+            with rep.step("test", build.watch_tests(dest)):
                 build.run_tests(dest)
             result.tested = True
     return result

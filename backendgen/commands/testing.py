@@ -108,14 +108,14 @@ def test_backend(
                     strict=strict,
                     write_expected=write_expected,
                 )
-        with rep.step("test"):
+        with rep.step("test", build.watch_tests(project.root)):
             try:
                 result.tests_log = build.run_tests(project.root)
             except TestFailure as e:
                 result.tests_failure, result.tests_log = str(e), e.log
         for s in suites:
             run = SuiteRun(s)
-            with rep.step(s.option):
+            with rep.step(s.option, build.watch_tests(project.root, s.option)):
                 try:
                     run.log = build.run_tests(
                         project.root, [project.paths[s.paths_key]], name=s.option, marker=s.marker

@@ -90,12 +90,12 @@ class Change:
         dist = p.dist_name
         early = bool(early and test and tests and build.installed_from(p.root, dist))
         with build.tests_started_early(p.root, tests, name=name) if early else contextlib.nullcontext() as run_early:
-            with rep.step("build"):
+            with rep.step("build", build.watch_build(p.root)):
                 build.build(p.root, p.package, dist, incremental=incremental)
             self.built = True
             if not test or tests == []:
                 return
-            with rep.step("test"):
+            with rep.step("test", build.watch_tests(p.root, name)):
                 self.log = run_early() if run_early is not None else build.run_tests(p.root, tests, name=name)
             self.tested = True
 

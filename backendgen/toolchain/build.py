@@ -40,7 +40,9 @@ from backendgen.plumbing import faults, interrupt
 from backendgen.plumbing.environment import installed_torch
 from backendgen.plumbing.errors import BuildError, EnvironmentProblem, TestFailure
 from backendgen.plumbing.files import replacing, sha256_of, write_atomic, writes
+from backendgen.plumbing.progress import Watch
 from backendgen.plumbing.textenum import TextEnum
+from backendgen.programs import pytest_progress
 from backendgen.project import manifest
 from backendgen.toolchain import processes
 
@@ -509,7 +511,30 @@ def check_test_tools() -> None:
 _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
 # pytest -rs: "SKIPPED [2] tests/ops/test_abs.py:64: no OpInfo sample calls aten::abs.out; ..."
 _SKIPPED = re.compile(r"^SKIPPED \[(\d+)\] (\S+?):(?:\d+:)? (.*)$")
-_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs"]
+_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs", "-p", "backendgen.programs.pytest_progress"]
+
+
+def log_path(root: Path, name: str) -> Path:
+    """The log of a step's child (`build`, `test`, `wheel`, an opt-in suite's name)."""
+    return root / LOG_DIR / f"backendgen-{name}.log"
+
+
+def watch_build(root: Path) -> Watch:
+    """What a live display reads while `build` runs: the build log's ninja status lines."""
+    return Watch(log=log_path(root, "build"))
+
+
+def watch_tests(root: Path, name: str = "test") -> Watch:
+    """What a live display reads while the tests `name` run: the pytest plugin's events."""
+    return Watch(events=root / LOG_DIR / f"backendgen-{name}.events")
+
+
+def _tests_env(root: Path, name: str, autoload: str | None = None) -> dict[str, str]:
+    """The tests' environment, with the progress plugin's event file (emptied) for `watch_tests`."""
+    events = watch_tests(root, name).events
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.unlink(missing_ok=True)
+    return {**processes.test_env(autoload=autoload), pytest_progress.PROGRESS: str(events)}
 
 
 @dataclass(frozen=True)
@@ -546,10 +571,13 @@ def run_tests(root: Path, paths: list[str] | None = None, *, name: str = "test",
     """Run the project's pytest suite (or `paths` in it; with `marker`, the tests of that opt-in
     marker instead of the project's default selection); raise TestFailure naming failed tests."""
     check_test_tools()
-    log = root / LOG_DIR / f"backendgen-{name}.log"
+    log = log_path(root, name)
     select = ["-m", marker] if marker else []
     proc = processes.logged(
-        [sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])], root, log, processes.test_env()
+        [sys.executable, "-m", "pytest", *_PYTEST_ARGS, *select, *(paths or ["tests"])],
+        root,
+        log,
+        _tests_env(root, name),
     )
     _raise_if_tests_failed(proc.returncode, log)
     return log
@@ -569,7 +597,7 @@ def tests_started_early(
     compiler; the tests themselves start when the function is called, after the build succeeded.
     Leaving the block without calling it (a failed build, Ctrl-C) stops the process."""
     check_test_tools()
-    log = root / LOG_DIR / f"backendgen-{name}.log"
+    log = log_path(root, name)
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -583,7 +611,7 @@ def tests_started_early(
         proc = interrupt.popen(
             cmd,
             cwd=root,
-            env=processes.test_env(autoload="0"),
+            env=_tests_env(root, name, autoload="0"),
             stdin=subprocess.PIPE,
             stdout=fh,
             stderr=subprocess.STDOUT,
