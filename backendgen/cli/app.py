@@ -1,4 +1,5 @@
-"""The `backendgen` command line: parses arguments, calls `backendgen.api`, shows the outcome.
+"""The `backendgen` command line: parses arguments, calls `backendgen.api`, shows the outcome
+(backendgen.cli.render; the options several commands share are in backendgen.cli.options).
 
 Errors from the library (`BackendgenError`) become one line on stderr and the exit code they
 carry (2 bad input, 1 build or test failure); `--debug` shows the traceback instead. Nothing
@@ -15,6 +16,7 @@ from typing import Annotated
 import typer
 
 from backendgen import __version__
+from backendgen.cli.options import KeepOnFailureOption, NoBuildOption, ProjectOption
 
 app = typer.Typer(
     name="backendgen",
@@ -117,6 +119,7 @@ def new(
 ):
     """Emit a complete PrivateUse1 backend repository, build it and run its tests."""
     from backendgen import api
+    from backendgen.cli import render
 
     res = api.new_backend(
         name,
@@ -129,25 +132,7 @@ def new(
         force=force,
         reporter=_reporter(),
     )
-    from backendgen.cli.output import styled
-
-    con = _out()
-    for note in res.notes:
-        con.print(f"note: {note}")
-    if res.backup:
-        con.print(f"the previous project was moved to {res.backup}")
-    state = "built and tested" if res.tested else "built" if res.built else "rendered (not built)"
-    with_driver = f" with the {res.driver} driver" if res.driver != "emulator" else ""
-    con.print(styled(res.names.device, "bold green"), f" backend{with_driver} {state} in {res.root}")
-    if not _state["quiet"]:
-        con.print("next steps:")
-        con.print(f"  cd {res.root}")
-        if not res.built:
-            con.print('  pip install --no-build-isolation -e ".[test]"')
-        con.print(f"  python -c \"import torch; print(torch.ones(2, device='{res.names.device}') * 2)\"")
-        con.print("  backendgen add-op aten::abs.out      # add a native kernel")
-        con.print("  backendgen build --test              # after editing a kernel")
-        con.print("  backendgen check                     # after a torch upgrade")
+    render.new(res, _out(), quiet=_state["quiet"])
 
 
 @app.command("add-op", short_help="Add kernels, registrations and tests for operators.")
@@ -159,9 +144,7 @@ def add_op(
             help="Operators: aten::mul.Tensor, mul.Tensor or mul; or DEVICE::NAME, an operator of this backend."
         ),
     ],
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     schema: Annotated[
         str | None,
         typer.Option(
@@ -184,15 +167,14 @@ def add_op(
             "PyTorch's derivative on the device.",
         ),
     ] = False,
-    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    no_build: NoBuildOption = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the new tests.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the files that would be written.")] = False,
-    keep_on_failure: Annotated[
-        bool, typer.Option("--keep-on-failure", help="Keep the new files if the build or test fails.")
-    ] = False,
+    keep_on_failure: KeepOnFailureOption = False,
 ):
     """Add a correctly-typed kernel, its registration and its test for each operator."""
     from backendgen import api
+    from backendgen.cli import render
 
     res = api.add_ops(
         ops,
@@ -206,26 +188,7 @@ def add_op(
         keep_on_failure=keep_on_failure,
         reporter=_reporter(),
     )
-    from backendgen.cli.output import styled
-
-    con = _out()
-    for note in res.notes:
-        con.print(f"note: {note}")
-    for op in res.unchanged:
-        con.print(f"{op} is already native in this project")
-    verb = "would write" if dry_run else "wrote"
-    for f in res.files:
-        con.print(f"{verb} {f.relative_to(res.root)}")
-    if not res.files and not res.added:
-        con.print("nothing to do")
-    if res.added and not dry_run:
-        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
-        skipped = sum(s.count for s in res.skipped)
-        if skipped:
-            state += f" ({skipped} of the new tests skipped)"
-        con.print(styled(", ".join(res.added), "green"), f": {state}")
-        for s in res.skipped:
-            con.print(styled("skipped", "yellow"), f" {s.count} in {s.path}: {s.reason}")
+    render.add_op(res, _out(), dry_run=dry_run)
 
 
 @app.command("remove-op", short_help="Remove kernels that add-op wrote (kernel, test, registration, record).")
@@ -237,9 +200,7 @@ def remove_op(
             help="Operators as add-op was given them or as recorded: cholesky, aten::abs.out, DEVICE::NAME."
         ),
     ],
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     force: Annotated[
         bool, typer.Option("--force", help="Also remove a kernel file edited by hand (a copy is kept beside it).")
     ] = False,
@@ -251,22 +212,16 @@ def remove_op(
     """Remove the kernel file, its test, its registration and its record for each operator, in one
     transaction; e.g. for an operator the installed torch removed. Rebuild afterwards (backendgen build)."""
     from backendgen import api
+    from backendgen.cli import render
 
     res = api.remove_ops(ops, project, force=force, autograd=autograd)
-    out = _out()
-    for f in res.files:
-        out.print(f"removed {f.relative_to(res.root)}")
-    for b in res.backups:
-        out.print(f"kept a copy of your edited file: {b.relative_to(res.root)}")
-    out.print(f"{', '.join(res.removed)}: removed; rebuild with `backendgen build`")
+    render.remove_op(res, _out())
 
 
 @app.command("build", short_help="Rebuild after an edit (ninja and the link alone when possible).")
 @_handles_errors
 def build_cmd(
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     test: Annotated[bool, typer.Option("--test", help="Run the project's tests after building.")] = False,
     full: Annotated[
         bool, typer.Option("--full", help="Go through setup.py even when ninja and the link would do.")
@@ -292,24 +247,17 @@ def build_cmd(
     setup.py build is unchanged (a new kernel file included), else through setup.py, saying why.
     With --wheel: the distributable, pinned to the installed torch (docs/user-guide.md, "Shipping wheels")."""
     from backendgen import api
+    from backendgen.cli import render
     from backendgen.plumbing.errors import UserError
 
     if wheel:
         if test or full:
             raise UserError("--wheel builds the wheel only: run `backendgen build --test` first, then --wheel")
-        res = api.build_wheel(project, out=out, torch_label=torch_label, reporter=_reporter())
-        from backendgen.cli.output import styled
-
-        _out().print(styled("wheel", "green"), f" {res.wheel} (requires {res.requires_torch or 'torch, unpinned'})")
+        render.wheel(api.build_wheel(project, out=out, torch_label=torch_label, reporter=_reporter()), _out())
         return
     if out or torch_label:
         raise UserError("--out and --torch-label go with --wheel")
-    res = api.build_backend(project, test_it=test, full=full, reporter=_reporter())
-    how = res.how + (f": {res.why_full}" if res.why_full else "")
-    state = "built and tested" if res.tested else "built"
-    from backendgen.cli.output import styled
-
-    _out().print(styled(state, "green"), f" ({how}); log: {res.log.relative_to(res.root)}")
+    render.build(api.build_backend(project, test_it=test, full=full, reporter=_reporter()), _out())
 
 
 @app.command(
@@ -329,9 +277,7 @@ def test_cmd(
             show_default=False,
         ),
     ] = None,
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     opinfo: Annotated[
         bool,
         typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU."),
@@ -405,6 +351,7 @@ def test_cmd(
     instead, PyTorch's own device-generic test files: per file, the tests that pass on the CPU and
     what their device twins do (docs/conformance.md)."""
     from backendgen import api
+    from backendgen.cli import render
     from backendgen.plumbing.errors import UserError
 
     if pytorch_tests is not None:
@@ -442,17 +389,7 @@ def test_cmd(
         write_expected=write_expected,
         reporter=_reporter(),
     )
-    out = _out()
-    if res.suite is not None:
-        for line in [res.suite.head, *res.suite.summary, *res.suite.failures, res.suite.tail, *res.suite.notes]:
-            out.print(line)
-        out.print(f"conformance log: {res.suite.log}")
-    if res.tests_failure:
-        out.print(f"project tests: {res.tests_failure}")
-    else:
-        out.print(f"project tests: passed (log: {res.tests_log})")
-    for run in res.opt_in:
-        out.print(f"{run.suite.what}: {run.failure or 'passed'} (log: {run.log})")
+    render.test(res, _out())
     raise typer.Exit(res.exit_code)
 
 
@@ -469,10 +406,9 @@ def _pytorch_tests(tests_dir: Path, files: list[str], project: Path | None, *, t
     if json_out:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        out = _out()
-        for line in report.lines():
-            out.print(line)
-        out.print(f"logs and report.json: {report.out}")
+        from backendgen.cli import render
+
+        render.pytorch_tests(report, _out())
     raise typer.Exit(report.exit_code)
 
 
@@ -480,23 +416,16 @@ def _pytorch_tests(tests_dir: Path, files: list[str], project: Path | None, *, t
 @_handles_errors
 def ops_cmd(
     pattern: Annotated[str | None, typer.Argument(help="Glob or substring, e.g. 'mul*' or 'layer_norm'.")] = None,
-    project: Annotated[Path | None, typer.Option("--project", "-p")] = None,
+    project: ProjectOption = None,
     required: Annotated[bool, typer.Option("--required", help="Only ops that need a backend kernel.")] = False,
 ):
     """List operators and, for this project (outside one: a new project from the current template), whether each
     is native, falls back to CPU, has a default kernel, or has no CPU kernel for the fallback to run (CUDA-only
     operators: they need a kernel written by hand)."""
     from backendgen import api
-    from backendgen.cli.output import styled
+    from backendgen.cli import render
 
-    rows = api.list_ops(pattern, project, required=required)
-    colors = {"native": "green", "fallback": "yellow", "default": "cyan", "composite": "dim", "no CPU kernel": "red"}
-    con = _out()
-    con.table(
-        ["operator", "status", "core"],
-        ([r.name, styled(r.status, colors[r.status]), "core" if r.core else ""] for r in rows),
-    )
-    con.print(f"{len(rows)} operators")
+    render.ops(api.list_ops(pattern, project, required=required), _out())
 
 
 amp_app = typer.Typer(
@@ -510,17 +439,13 @@ app.add_typer(amp_app, name="amp")
 @amp_app.command("list", short_help="Show the autocast table.")
 @_handles_errors
 def amp_list_cmd(
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
 ):
     """Show each operator's autocast policy; operators not listed run in the dtypes they are given."""
     from backendgen import api
+    from backendgen.cli import render
 
-    rows = api.amp_list(project)
-    con = _out()
-    con.table(["operator", "policy", "meaning"], ([r.op, r.policy, r.meaning] for r in rows))
-    con.print(f"{len(rows)} operators")
+    render.amp_list(api.amp_list(project), _out())
 
 
 @amp_app.command("set", short_help="Set an operator's autocast policy, rebuild and test it.")
@@ -530,33 +455,23 @@ def amp_set_cmd(
     policy: Annotated[
         str, typer.Argument(help="lower_precision_fp, fp32, promote, fp32_set_opt_dtype, or none (take it out).")
     ],
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
-    no_build: Annotated[bool, typer.Option("--no-build", help="Write files only.")] = False,
+    project: ProjectOption = None,
+    no_build: NoBuildOption = False,
     no_test: Annotated[bool, typer.Option("--no-test", help="Build but do not run the policy's test.")] = False,
 ):
     """Set OP's autocast policy in backendgen.json and the generated registration file, rebuild, and
     run the test that the policy takes effect under torch.autocast; a failure leaves the project as it was."""
     from backendgen import api
+    from backendgen.cli import render
 
     res = api.amp_set(op, policy, project, build_it=not no_build, test_it=not no_test, reporter=_reporter())
-    con = _out()
-    if res.previous == res.policy and not res.unbuilt:
-        con.print(f"{res.op} is already {res.policy}: nothing to do")
-        return
-    if res.unbuilt:
-        state = "built and tested" if res.tested else "built" if res.built else "not built: run backendgen build"
-        con.print(f"{res.op} was recorded as {res.policy} but not built ({state})")
-        return
-    state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
-    con.print(f"{res.op}: {res.previous} -> {res.policy} ({state})")
+    render.amp_set(res, _out())
 
 
 @app.command(short_help="Check the backend against the installed torch.")
 @_handles_errors
 def check(
-    project: Annotated[Path | None, typer.Option("--project", "-p")] = None,
+    project: ProjectOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too.")] = False,
     ops: Annotated[bool, typer.Option("--ops", help="List native and fallback ops.")] = False,
@@ -579,20 +494,9 @@ def check(
     if json_out:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
-        from backendgen.commands.check import render_report
+        from backendgen.cli import render
 
-        out = _out()
-        render_report(report, out)
-        if accept and report.accepted is None:
-            out.print("not accepted: fix the errors above first (docs/upgrading.md)")
-        elif accept and not report.accepted["changed"]:
-            out.print(f"nothing to accept: backendgen.json already targets torch {report.accepted['to']}")
-        elif accept:
-            acc = report.accepted
-            names = f"; recorded the new schemas of {', '.join(acc['updated_ops'])}" if acc["updated_ops"] else ""
-            out.print(f"accepted: backendgen.json now targets torch {acc['to']} (was {acc['from']}){names}")
-            if acc.get("rebuild"):
-                out.print("rewrote csrc/aten/ops/generated/registration.cpp for this torch: rebuild (backendgen build)")
+        render.check(report, _out(), accept=accept)
     raise typer.Exit(report.exit_code)
 
 
@@ -603,9 +507,7 @@ def check(
 )
 @_handles_errors
 def update_cmd(
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the diff that would be applied; change nothing.")
     ] = False,
@@ -624,9 +526,7 @@ def update_cmd(
     allow_dirty: Annotated[
         bool, typer.Option("--allow-dirty", help="Go on although the project's git work tree has uncommitted changes.")
     ] = False,
-    keep_on_failure: Annotated[
-        bool, typer.Option("--keep-on-failure", help="Keep the updated files if the build or the tests fail.")
-    ] = False,
+    keep_on_failure: KeepOnFailureOption = False,
 ):
     """Bring a project generated from an earlier template to the current one. Files backendgen writes
     from backendgen.json are rewritten; every other file of the template is merged 3-way (the older
@@ -635,8 +535,7 @@ def update_cmd(
     exits 1 (and again until the markers are gone); otherwise it builds and runs the tests. One
     transaction: a failure or Ctrl-C leaves the project as it was."""
     from backendgen import api
-    from backendgen.cli.output import styled
-    from backendgen.commands.update import Fix
+    from backendgen.cli import render
 
     res = api.update_project(
         project,
@@ -648,47 +547,7 @@ def update_cmd(
         keep_on_failure=keep_on_failure,
         reporter=_reporter(),
     )
-    con = _out()
-    if res.unresolved:
-        con.print(
-            styled("unresolved conflicts", "red"), " from the last update (resolve the markers, then run update again):"
-        )
-        for rel in res.unresolved:
-            con.print(f"  {rel}")
-        raise typer.Exit(1)
-    if dry_run:
-        for line in res.diff.splitlines():
-            con.print(line)
-    verb = "would be " if dry_run else ""
-    for c in res.changes:
-        con.print(f"{c.action:<11} {c.path}" + (f" ({c.note})" if c.note else ""))
-    for note in res.notes:
-        con.print(f"note: {note}")
-    for fix in res.torch or []:
-        more = f"; close matches: {', '.join(fix.close_matches)}" if fix.close_matches else ""
-        line = f"{fix.op} ({fix.file}): {fix.detail}{more}"
-        if fix.action is Fix.UNFIXABLE:
-            con.print(styled("cannot fix", "red"), f" {line}")
-        else:
-            con.print(f"{fix.action}: {line}")
-    if res.torch_recorded and not dry_run:
-        con.print(f"backendgen.json now targets torch {res.torch_recorded}")
-    if res.from_version == res.to_version and not res.changes:
-        con.print(f"nothing to do: the project is on template {res.to_version}")
-    elif res.conflicts:
-        con.print(
-            styled(f"{len(res.conflicts)} conflict(s)", "red"),
-            f" {verb}left with markers; resolve them, then run backendgen update again (it builds and tests):",
-        )
-        for rel in res.conflicts:
-            con.print(f"  {rel}")
-    elif not dry_run:
-        state = "built and tested" if res.tested else "built" if res.built else "written (not built)"
-        con.print(styled(f"template {res.from_version} -> {res.to_version}", "green"), f": {state}")
-    if res.check is not None:
-        from backendgen.commands.check import render_report
-
-        render_report(res.check, con)
+    render.update(res, _out())
     raise typer.Exit(res.exit_code)
 
 
@@ -706,9 +565,7 @@ def profile_cmd(
     args: Annotated[
         list[str] | None, typer.Argument(help="Arguments of the script, passed through as they are.")
     ] = None,
-    project: Annotated[
-        Path | None, typer.Option("--project", "-p", help="Project directory [default: the one containing .].")
-    ] = None,
+    project: ProjectOption = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Machine-readable report on stdout (the script's stdout goes to stderr).")
     ] = False,
@@ -725,57 +582,11 @@ def profile_cmd(
     if json_out:
         typer.echo(json.dumps(res.to_json(), indent=2))
     else:
-        _print_profile(res, _out())
+        from backendgen.cli import render
+
+        render.profile(res, _out())
     if res.exit_status != 0:
         raise typer.Exit(1)
-
-
-def _print_profile(res, printer) -> None:
-    """The profile as a table; operator names and paths are outside text (the output module shows them verbatim)."""
-
-    def out(text: str = "") -> None:
-        printer.print(text)
-
-    for note in res.notes:
-        out(f"note: {note}")
-    if not res.collected:
-        return
-    if not res.entries:
-        out(f"no operator ran on the CPU fallback ({res.script} ran {res.seconds:.2f} s)")
-        return
-    total = res.fallback_seconds
-    spent = (
-        f"{total:.3f} s, {100 * total / res.seconds:.1f}% of the {res.seconds:.2f} s the script ran"
-        if total is not None and res.seconds
-        else f"the script ran {res.seconds:.2f} s"
-    )
-    calls = sum(e.calls for e in res.entries)
-    out(f"CPU fallback: {len(res.entries)} operators, {calls} calls ({spent}):")
-    rows = [("calls", "seconds", "share", "operator", "backendgen add-op")]
-    for e in res.entries:
-        share = res.share(e)
-        make_native = e.target if e.reason is None else f"- ({e.reason})"
-        rows.append(
-            (
-                str(e.calls),
-                "-" if e.seconds is None else f"{e.seconds:.4f}",
-                "-" if share is None else f"{100 * share:.1f}%",
-                " + ".join(e.names),
-                make_native,
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        out(
-            "  "
-            + "  ".join(
-                [r[0].rjust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3].ljust(widths[3]), r[4]]
-            ).rstrip()
-        )
-    if res.command:
-        out()
-        out("to make them native:")
-        out(f"  {res.command}")
 
 
 def main() -> None:

@@ -508,33 +508,6 @@ def check_project(
     return report
 
 
-def render_report(report: CheckReport, out) -> None:
-    """Show the report through `out` (a backendgen.cli.output.Output): findings are outside text."""
-    from backendgen.cli.output import styled
-
-    colors = {Severity.OK: "green", Severity.INFO: "cyan", Severity.WARNING: "yellow", Severity.ERROR: "red"}
-    rows = []
-    for f in report.findings:
-        if f.severity is Severity.OK and f.area is Area.SCHEMA and f.detail.get("kind") is Drift.UNCHANGED:
-            continue  # one line per changed op is enough; unchanged ones are counted below
-        rows.append([f.area, styled(f.severity, colors[f.severity]), f.subject, f.message])
-    unchanged = sum(1 for f in report.of(Area.SCHEMA) if f.detail.get("kind") is Drift.UNCHANGED)
-    if unchanged:
-        rows.append(["schema", styled("ok", "green"), f"{unchanged} operators", "schemas unchanged"])
-    out.table(["area", "", "subject", "finding"], rows)
-    if "native_ops" in report.coverage:
-        out.print(f"\nnative ({len(report.coverage['native_ops'])}): " + ", ".join(report.coverage["native_ops"]))
-        out.print(
-            f"\nCPU fallback ({len(report.coverage['fallback_ops'])}): " + ", ".join(report.coverage["fallback_ops"])
-        )
-        if report.coverage.get("no_cpu_kernel_ops"):
-            out.print(
-                f"\nno CPU kernel ({len(report.coverage['no_cpu_kernel_ops'])}): "
-                + ", ".join(report.coverage["no_cpu_kernel_ops"])
-            )
-    out.print("\n", styled(report.verdict, "bold " + ("red" if report.exit_code else "green")))
-
-
 # --- the command -------------------------------------------------------------------------------
 
 
