@@ -3,7 +3,8 @@ c10d Backend registered by {package}/distributed.py) and `backendgen test --dist
 project's multi-process tests on the session's backend — every collective on 2 and 4 processes,
 DDP, FSDP2 (of a device module, of a CPU module, in bf16), SyncBatchNorm, tensor parallelism and a
 distributed checkpoint each equal to one CPU process's step, mismatched collectives detected
-under TORCH_DISTRIBUTED_DEBUG=DETAIL, a failing rank, torchrun running the README's example."""
+under TORCH_DISTRIBUTED_DEBUG=DETAIL, a failing rank, torchrun running the example of the project's
+docs/distributed.md."""
 
 from __future__ import annotations
 

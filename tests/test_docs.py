@@ -1,5 +1,5 @@
 """Every Python block and shell command in README.md, docs/*.md and the generated project's README
-runs against the session's backend, so the docs cannot rot silently.
+and docs/*.md runs against the session's backend, so the docs cannot rot silently.
 
 Conventions (docs that follow them are executed as written):
 - The device in the docs is `mychip` (package `torch_mychip`, project `torch-mychip`, environment
@@ -12,8 +12,8 @@ Conventions (docs that follow them are executed as written):
   project and must exit 0, unless it changes the project or its installation (`IN_COPY`: those
   run in order in one copy of the project) or `SKIP` lists it with the reason it cannot run here.
   Other blocks (output, file trees, C++, JSON) are not executed.
-The generated project's README is the template's, rendered for the session backend's names (a test
-checks that this is what the session's project holds).
+The generated project's README and docs are the template's, rendered for the session backend's names
+(a test checks that this is what the session's project holds).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+TEMPLATE_PROJECT = REPO / "template" / "{{cookiecutter.dist_name}}"
 COMMAND_WORDS = {"backendgen", "python", "python3", "pytest", "pip", "cd"}
 
 # Commands (as written in the docs, comments stripped) that are not run here, each with the reason.
@@ -143,17 +144,25 @@ def _commands(block: Block) -> list[str] | None:
     return [re.sub(r"\s+#\s.*$", "", ln).strip() for ln in lines]
 
 
-def _all_blocks(project: Path | None = None) -> list[Block]:
+def _all_blocks() -> list[Block]:
     out = []
     for path in DOCS:
         out += blocks(path, str(path.relative_to(REPO)))
-    if project is not None:
-        out += blocks(project / "README.md", "the generated project's README.md")
     return out
 
 
-def _template_readme_blocks() -> list[Block]:
-    return blocks(REPO / "template" / "{{cookiecutter.dist_name}}" / "README.md", "the generated project's README.md")
+def _project_docs(root: Path) -> list[str]:
+    """A generated project's docs, relative to its root: README.md (its front door) and docs/*.md."""
+    return ["README.md", *sorted(p.relative_to(root).as_posix() for p in (root / "docs").glob("*.md"))]
+
+
+def _project_blocks(root: Path) -> list[Block]:
+    return [b for rel in _project_docs(root) for b in blocks(root / rel, f"the generated project's {rel}")]
+
+
+def _template_blocks() -> list[Block]:
+    """The generated project's docs as the template holds them (README.md and docs/*.md)."""
+    return _project_blocks(TEMPLATE_PROJECT)
 
 
 def _names(project: Path) -> dict:
@@ -191,11 +200,11 @@ def _where(b: Block) -> str:
 
 
 def _python_blocks() -> list[Block]:
-    return [b for b in _all_blocks() + _template_readme_blocks() if b.lang == "python"]
+    return [b for b in _all_blocks() + _template_blocks() if b.lang == "python"]
 
 
 def _command_lines() -> list[tuple[Block, str]]:
-    return [(b, c) for b in _all_blocks() + _template_readme_blocks() for c in (_commands(b) or [])]
+    return [(b, c) for b in _all_blocks() + _template_blocks() for c in (_commands(b) or [])]
 
 
 def test_docs_have_blocks_to_run():
@@ -250,11 +259,12 @@ def test_documented_command_runs(index, installed):
     assert ran.returncode == 0, f"{_where(block)}: `{command}` exited {ran.returncode}:\n{ran.stdout}\n{ran.stderr}"
 
 
-def test_the_generated_readme_is_the_templates_rendered(built_project):
-    """The blocks run above come from the template's README: the session project's copy renders it."""
+def test_the_generated_docs_are_the_templates_rendered(built_project):
+    """The blocks run above come from the template's README and docs: the session project's copies render them."""
     meta = _names(built_project)
-    rendered = [b.text for b in blocks(built_project / "README.md", "x")]
-    template = [render_documented(b.text, meta) for b in _template_readme_blocks()]
+    assert _project_docs(built_project) == _project_docs(TEMPLATE_PROJECT)
+    rendered = [(b.doc, b.text) for b in _project_blocks(built_project)]
+    template = [(b.doc, render_documented(b.text, meta)) for b in _template_blocks()]
     assert rendered == template
 
 

@@ -65,7 +65,7 @@ def test_a_failing_rank_fails_the_job_without_a_hang():
 
 
 def test_torchrun_trains_the_example():
-    """The README's command: torchrun, 2 processes, examples/train_ddp.py."""
+    """docs/distributed.md's command: torchrun, 2 processes, examples/train_ddp.py."""
     env = launch.environment(2)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
            str(launch.free_port()), "examples/train_ddp.py", "--steps", "10"]
