@@ -199,3 +199,58 @@ def patch_integration_point(monkeypatch, name: str, change) -> None:
     points = tuple(dataclasses.replace(p, **change(p)) if p.name == name else p for p in real.integration_points)
     assert points != real.integration_points, f"no integration point {name!r}"
     monkeypatch.setattr(manifest, "load", lambda: dataclasses.replace(real, integration_points=points))
+
+
+# ---- where the CPU goes ---------------------------------------------------------------------------
+# `.ci/run`'s time is bounded by CPU, not by waiting: its budget is met by doing less work, so the
+# session ends with the machine's CPU seconds per test (the whole machine's /proc/stat between the
+# test's start and end, fixtures it set up included): `user`+`system` is the session's own work and
+# whatever it started, `nice` is the background matrix (tests/torch_venvs.py runs it under nice), `idle`
+# what no one used. Noisy where other programs share the machine; read it to choose what to cut.
+
+_CPU_FIELDS = ("user", "nice", "system", "idle")
+_cpu_by_test: list[tuple[str, dict[str, float]]] = []
+_cpu_start: dict[str, float] | None = None
+
+
+def _cpu_now() -> dict[str, float] | None:
+    try:
+        with open("/proc/stat") as fh:
+            values = fh.readline().split()[1:5]
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return {name: int(v) / ticks for name, v in zip(_CPU_FIELDS, values, strict=True)}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    global _cpu_start
+    before = _cpu_now()
+    _cpu_start = _cpu_start or before
+    yield
+    after = _cpu_now()
+    if before and after:
+        _cpu_by_test.append((item.nodeid, {k: after[k] - before[k] for k in _CPU_FIELDS}))
+
+
+def pytest_terminal_summary(terminalreporter):
+    end = _cpu_now()
+    if not _cpu_by_test or not _cpu_start or not end:
+        return
+    total = {k: end[k] - _cpu_start[k] for k in _CPU_FIELDS}
+    tr = terminalreporter
+    tr.section("CPU seconds by test (the whole machine's, during the test)")
+    tr.write_line("session: " + ", ".join(f"{k} {v:.0f} s" for k, v in total.items()) + f" on {os.cpu_count()} CPUs")
+    ranked = sorted(_cpu_by_test, key=lambda t: -(t[1]["user"] + t[1]["system"]))
+    for nodeid, cpu in ranked[:40]:
+        tr.write_line(f"{cpu['user'] + cpu['system']:8.1f} user+system {cpu['nice']:7.1f} nice  {nodeid}")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The torch matrix's tests (marked torch_venv) last: their work runs in the background from the
+    session's start, on the CPU the other tests leave idle; a matrix test in the middle of the session
+    would stop everything after it until the background is done."""
+    items[:] = [i for i in items if not i.get_closest_marker("torch_venv")] + [
+        i for i in items if i.get_closest_marker("torch_venv")
+    ]
