@@ -47,15 +47,19 @@ class ConsoleReporter(Reporter):
                 yield
             return
         from rich.live import Live
+        from rich.spinner import Spinner
 
         watcher = Watcher(watch or Watch())
         start = time.monotonic()
         last = Snapshot()
+        # one spinner for the step: it animates by the time since it was made
+        spinner = Spinner("dots" if self.out.can_show("⠋") else "line", style="cyan")
 
         def frame():
             nonlocal last
             last = watcher.poll()
-            return self._frame(name, time.monotonic() - start, last)
+            spinner.update(text=self._text(name, time.monotonic() - start, last))
+            return spinner
 
         ok = False
         try:
@@ -72,13 +76,9 @@ class ConsoleReporter(Reporter):
             last = watcher.poll()
             self.step_done(name, time.monotonic() - start, ok, last.describe())
 
-    def _frame(self, name: str, seconds: float, snap: Snapshot):
-        from rich.spinner import Spinner
-
+    def _text(self, name: str, seconds: float, snap: Snapshot):
         from backendgen.cli.output import line
 
-        spinner = "dots" if self.out.can_show("⠋") else "line"
         minutes, secs = divmod(int(seconds), 60)
         what = snap.describe()
-        text = line(f"{name} ", styled(f"{minutes}:{secs:02d}", "dim"), *([f"  {what}"] if what else []))
-        return Spinner(spinner, text=text, style="cyan")
+        return line(f"{name} ", styled(f"{minutes}:{secs:02d}", "dim"), *([f"  {what}"] if what else []))
