@@ -61,7 +61,7 @@ def build_wheel(
         )
     build.check_wheel_tools()  # before the step: a missing tool is one line
     with project.lock():
-        with rep.step("wheel", build.Watch(log=build.log_path(project.root, "wheel"))):
+        with rep.step("wheel", build.watch_build(project.root, "wheel")):
             return build.build_wheel(
                 project.root, project.device, Path(out) if out else project.root / "dist", torch_label=torch_label
             )

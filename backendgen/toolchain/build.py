@@ -181,7 +181,7 @@ def built_entries(root: Path) -> list[str] | None:
 
 
 def _build(root: Path, package: str, dist_name: str, *, incremental: bool, allow_fast: bool) -> BuildOutcome:
-    log = root / LOG_DIR / "backendgen-build.log"
+    log = log_path(root, "build")
     env = processes.build_env(root=root)
     installed = extension_path(root, package) is not None and installed_from(root, dist_name)
     why = Stale.NOT_INSTALLED if not installed else Stale.FULL_REQUESTED if not (incremental and allow_fast) else None
@@ -511,7 +511,7 @@ def check_test_tools() -> None:
 _FAILED = re.compile(r"^(FAILED|ERROR) (\S+)")
 # pytest -rs: "SKIPPED [2] tests/ops/test_abs.py:64: no OpInfo sample calls aten::abs.out; ..."
 _SKIPPED = re.compile(r"^SKIPPED \[(\d+)\] (\S+?):(?:\d+:)? (.*)$")
-_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs", "-p", "backendgen.programs.pytest_progress"]
+_PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs", "-p", pytest_progress.__name__]
 
 
 def log_path(root: Path, name: str) -> Path:
@@ -519,9 +519,9 @@ def log_path(root: Path, name: str) -> Path:
     return root / LOG_DIR / f"backendgen-{name}.log"
 
 
-def watch_build(root: Path) -> Watch:
-    """What a live display reads while `build` runs: the build log's ninja status lines."""
-    return Watch(log=log_path(root, "build"))
+def watch_build(root: Path, name: str = "build") -> Watch:
+    """What a live display reads while `build` (or `wheel`) runs: its log's ninja status lines."""
+    return Watch(log=log_path(root, name))
 
 
 def watch_tests(root: Path, name: str = "test") -> Watch:
@@ -700,7 +700,7 @@ def build_wheel(root: Path, device: str, out: Path, *, torch_label: bool = False
     replacing one of the same name. Its metadata pins the torch it was built with (setup.py)."""
     auditwheel = check_wheel_tools()
     check_toolchain()
-    log = root / LOG_DIR / "backendgen-wheel.log"
+    log = log_path(root, "wheel")
     env = processes.build_env(root=root)
     env.pop(torch_label_env(device), None)
     if torch_label:
