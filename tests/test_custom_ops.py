@@ -73,6 +73,27 @@ def test_kernels_follow_the_schema():
     assert "return at::empty_like(x);" in text
 
 
+@pytest.mark.parametrize("aten", ["mul.out", "add.Tensor", "topk.values", "abs_", "sum.dim_IntList"])
+def test_an_own_operator_is_typed_as_the_aten_operator_of_its_schema(aten):
+    """One constructor (opdb.Op.of) types both: an own operator with an ATen operator's schema has its
+    arguments, returns and C++ signature. (These take no tensor list and their yaml entries do not set
+    use_const_ref_for_mutable_tensors, the two torchgen settings an own operator fixes; an own
+    operator's Arg.schema_type keeps its alias annotation, so it is not compared.)"""
+    from backendgen.torchdb.opdb import load_opdb
+
+    op = load_opdb().resolve(aten)
+    own = customop.parse("chip", op.base, op.schema[op.schema.index("(") :]).op
+
+    def typed(o):
+        return [(a.name, a.cpp_type, a.kind, a.is_write, a.is_out, a.default, a.alias_set) for a in o.args]
+
+    assert typed(own) == typed(op)
+    for field in ("kind", "returns", "return_items", "returns_cpp"):
+        assert getattr(own, field) == getattr(op, field), field
+    assert own.signature.replace(" NAME(", f" {op.cpp_name}(", 1) == op.signature
+    assert own.qualified == f"chip::{op.base}" and op.qualified == f"aten::{op.name}"
+
+
 def test_add_custom_op_writes_its_files_and_registration(project):
     dev = _device(project)
     res = api.add_ops(

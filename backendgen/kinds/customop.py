@@ -1,7 +1,8 @@
 """A backend's own operators: `backendgen add-op <device>::<name> --schema "(...) -> ..."`.
 
-The schema is parsed and typed by the installed torch's `torchgen` (the dispatcher's C++
-signature, exactly as for ATen operators), then one operator gets:
+The schema is parsed by the installed torch's `torchgen` and typed by `opdb.Op.of`, the constructor
+of ATen's operators too (the dispatcher's C++ signature, each argument's and return's kind), then
+one operator gets:
 
 - `csrc/custom_ops/<name>.cpp`: `compute` (what the operator means: the `--body` expression, or an
   error naming the file), the CPU kernel and the Meta kernel (both `compute`; without a body the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from backendgen.kinds import jinja
 from backendgen.plumbing.errors import UserError
 from backendgen.project import manifest
-from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind, return_items
+from backendgen.torchdb.opdb import Arg, ArgKind, Op, ReturnKind
 
 NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -139,11 +140,12 @@ _SUPPORTED_ARGS = re.compile(
 )
 
 
+_SUPPORTED_RETURNS = ("Tensor", "Tensor[]", "int", "float", "bool", "Scalar", "SymInt")
+
+
 def parse(device: str, name: str, schema: str, *, body: str | None = None, autograd: bool = False) -> CustomOp:
     """Type `<device>::<name>` with `schema` ("(Tensor x, float alpha=1.0) -> Tensor") through torchgen."""
-    from torchgen.api.types import DispatcherSignature
     from torchgen.local import parametrize
-    from torchgen.model import FunctionSchema
 
     bare = name.strip().removeprefix(f"{device}::")
     if not NAME.match(bare):
@@ -151,6 +153,42 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             f"invalid operator name {name[:80]!r}: {device}:: followed by lower-case letters, digits and _ "
             "(no overload name)"
         )
+    func = _parse_schema(device, bare, schema)
+    _check_arguments(func, f"{device}::{bare}")
+    _check_types(func, f"{device}::{bare}")
+    # own operators' kernels take plain `at::Tensor &` and `at::TensorList`, whatever the yaml says of ATen's
+    with parametrize(use_const_ref_for_mutable_tensors=False, use_ilistref_for_tensor_lists=False):
+        op = Op.of(
+            func,
+            root=bare,
+            cpp_name="NAME",
+            annotated_args=True,
+            structured=False,
+            structured_delegate=None,
+            dispatch_keys=(),
+            composite_implicit=False,
+            composite_explicit=False,
+            needs_backend_kernel=True,
+            namespace=device,
+        )
+    custom = CustomOp(
+        device=device,
+        name=bare,
+        schema=str(func),
+        op=op,
+        returns=_returns(func, f"{device}::{bare}"),
+        body=_check_body(body, bare, device),
+        autograd=autograd,
+        func=func,
+    )
+    _check_shape(custom)
+    return custom
+
+
+def _parse_schema(device: str, bare: str, schema: str):
+    """torchgen's FunctionSchema of `<bare><schema>`; the schema may repeat the name."""
+    from torchgen.model import FunctionSchema
+
     if schema is None or not schema.strip():
         raise UserError(
             f'{device}::{bare} is a new operator: give its schema, e.g. --schema "(Tensor x, float alpha=1.0) '
@@ -162,32 +200,24 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
     if not text.startswith("(") or any(ord(c) < 32 for c in text):
         raise UserError(f'malformed schema {schema[:80]!r}: expected "(ARGUMENTS) -> RETURNS" on one line')
     try:
-        func = FunctionSchema.parse(f"{bare}{text}")
+        return FunctionSchema.parse(f"{bare}{text}")
     except Exception as e:  # torchgen asserts on what it rejects  # noqa: BLE001
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"schema of {device}::{bare} rejected by torchgen: {first[:200]}") from None
-    _check_arguments(func, f"{device}::{bare}")
+
+
+def _check_types(func, qualified: str) -> None:
+    """Refuse argument and return types the generator does not support."""
     for a in func.arguments.flat_all:
         if not _SUPPORTED_ARGS.match(str(a.type)):
-            raise UserError(
-                f"{device}::{bare}: argument {a.name} of type {a.type} is not supported by the generator yet"
-            )
+            raise UserError(f"{qualified}: argument {a.name} of type {a.type} is not supported by the generator yet")
     for r in func.returns:
-        if str(r.type) not in ("Tensor", "Tensor[]", "int", "float", "bool", "Scalar", "SymInt"):
-            raise UserError(f"{device}::{bare}: return type {r.type} is not supported by the generator yet")
-    with parametrize(use_const_ref_for_mutable_tensors=False, use_ilistref_for_tensor_lists=False):
-        sig = DispatcherSignature.from_schema(func, symint=True)
-        args = []
-        schema_args = {a.name: a for a in func.arguments.flat_all}
-        for b in sig.arguments():
-            sa = schema_args[b.name]
-            ann = sa.annotation
-            args.append(
-                Arg.of(b, sa, schema_type=str(sa.type) + (f"({ann})" if ann else ""), is_out=sa in func.arguments.out)
-            )
-        returns_cpp = sig.returns_type().cpp_type()
-        items = return_items(func.returns)
-        signature = sig.defn(name="NAME")
+        if str(r.type) not in _SUPPORTED_RETURNS:
+            raise UserError(f"{qualified}: return type {r.type} is not supported by the generator yet")
+
+
+def _returns(func, qualified: str) -> tuple[Return, ...]:
+    """What each return is: new, or the argument its alias annotation names (mutated or viewed)."""
     rets = []
     by_alias = {
         str(a.annotation.alias_set[0]) if a.annotation else None: a for a in func.arguments.flat_all if a.annotation
@@ -198,39 +228,14 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
             continue
         arg = by_alias.get(str(r.annotation.alias_set[0]))
         if arg is None:
-            raise UserError(f"{device}::{bare}: the return's alias annotation ({r.annotation}) names no argument")
+            raise UserError(f"{qualified}: the return's alias annotation ({r.annotation}) names no argument")
         rets.append(Return("mutated" if r.annotation.is_write else "view", arg.name))
-    op = Op(
-        base=bare,
-        root=bare,
-        overload="",
-        schema=str(func),
-        kind=func.kind().name,
-        cpp_name="NAME",
-        ops_struct=bare,
-        signature=signature,
-        returns_cpp=returns_cpp,
-        returns=tuple(str(r.type) + (f"({r.annotation})" if r.annotation else "") for r in func.returns),
-        return_items=items,
-        args=tuple(args),
-        structured=False,
-        structured_delegate=None,
-        dispatch_keys=(),
-        composite_implicit=False,
-        composite_explicit=False,
-        needs_backend_kernel=True,
-        namespace=device,
-    )
-    custom = CustomOp(
-        device=device,
-        name=bare,
-        schema=str(func),
-        op=op,
-        returns=tuple(rets),
-        body=_check_body(body, bare, device),
-        autograd=autograd,
-        func=func,
-    )
+    return tuple(rets)
+
+
+def _check_shape(custom: CustomOp) -> None:
+    """Refuse views PyTorch cannot track for a custom operator, and --autograd where no backward is generated."""
+    rets, args, autograd = custom.returns, custom.op.args, custom.autograd
     if any(r.kind == "view" for r in rets) and (len(rets) > 1 or rets[0].arg != args[0].name):
         raise UserError(
             f"{custom.qualified}: a view must be its operator's one result, and of its first argument "
@@ -249,7 +254,6 @@ def parse(device: str, name: str, schema: str, *, body: str | None = None, autog
         raise UserError(f"{custom.qualified} takes no tensor: there is nothing to differentiate (drop --autograd)")
     if autograd and any(a.schema_type == "Tensor[]" for a in args):
         raise UserError(f"{custom.qualified}: --autograd does not support Tensor[] arguments yet")
-    return custom
 
 
 def _check_body(body: str | None, name: str, device: str) -> str | None:
