@@ -20,7 +20,7 @@ from backendgen import api
 from backendgen.commands import check, update
 from backendgen.kinds.findings import Area, CheckReport, Kind, Severity
 from backendgen.plumbing.errors import ProjectError
-from backendgen.project import contract, drivers, history, manifest, template_tree
+from backendgen.project import contract, drivers, history, manifest, template_states, template_tree
 from backendgen.project.on_disk import METADATA_FILE, Project
 
 CURRENT = history.current_version()
@@ -230,7 +230,7 @@ def test_a_minimal_projects_merge_base_is_never_a_state_without_the_driver(minim
     if any(drivers.supports(history.manifest_of(s), "minimal") for s in history.states(version)):
         pytest.skip(f"template {version} has stored states with the minimal driver")
     with pytest.raises(ProjectError, match=f"which every stored state of template {version} predates"):
-        update.choose_base(Project.load(root), version)
+        template_states.choose_base(Project.load(root), version)
 
 
 TEAM_DRIVER_LINE = "// TEAM: the rev B board's driver\n"
@@ -267,11 +267,11 @@ def test_update_of_a_minimal_project_merges_its_own_driver_and_never_brings_the_
 
     root = _copy(minimal_project, tmp_path / "p")
     project = Project.load(root)
-    context = update.answers(project, CURRENT, project.record.backendgen_version)
-    old_files = update.rendered_files(earlier, context)
+    context = template_states.answers(project, CURRENT, project.record.backendgen_version)
+    old_files = template_states.rendered_files(earlier, context)
     assert not set(old_files) & set(EMULATOR_FILES) and "csrc/driver/driver.cpp" in old_files
     for rel, data in old_files.items():  # the project as that state generated it
-        if rel not in update.tool_owned():
+        if rel not in template_states.tool_owned():
             (root / rel).write_bytes(data)
     driver = root / "csrc" / "driver" / "driver.cpp"
     assert not driver.read_bytes().startswith(first)

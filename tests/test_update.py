@@ -20,7 +20,7 @@ from conftest import run_cli, unique_device
 from backendgen import api
 from backendgen.commands import update
 from backendgen.kinds import registration
-from backendgen.project import history, manifest, naming, render, template_tree
+from backendgen.project import history, manifest, naming, render, template_states, template_tree
 from backendgen.project.on_disk import Project, Transaction
 from backendgen.torchdb.opdb import load_opdb
 
@@ -248,7 +248,7 @@ def test_a_binary_file_is_rendered_compared_and_replaced_as_bytes_never_merged(t
         "backendgen_version": "0",
         "template_version": str(CURRENT),
     }
-    rendered = update._render_files(tpl, context, tmp_path / "out")
+    rendered = template_states.render_files(tpl, context, tmp_path / "out")
     assert rendered["logo.png"][0] == logo and isinstance(rendered["README.md"][0], str)
     root = tmp_path / "project"
     root.mkdir()
@@ -281,21 +281,22 @@ def test_every_earlier_template_state_is_found_as_the_merge_base(rendered_projec
         if state.version == CURRENT:
             # a current-version project records its state (test_an_earlier_state_of_the_current_template_updates)
             continue
-        context = update.answers(answers_of, state.version, meta["backendgen_version"])
-        files = update.rendered_files(state, context)  # file by file, as choose_base compares them
+        context = template_states.answers(answers_of, state.version, meta["backendgen_version"])
+        files = template_states.rendered_files(state, context)  # file by file, as choose_base compares them
         if state in (
             history.states()[0],
             history.states(5)[0],
             history.states()[-1],
         ):  # the same as cookiecutter's whole rendering
-            assert template_tree.files(update.render_state(state, context, tmp_path / "whole" / state.hash)) == files
+            whole = template_states.render_state(state, context, tmp_path / "whole" / state.hash)
+            assert template_tree.files(whole) == files
         root = tmp_path / state.hash
         for rel, data in files.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_bytes(data)
         (root / "backendgen.json").write_text(json.dumps({**meta, "template_version": str(state.version)}))
-        base = update.choose_base(Project.load(root), state.version)
-        assert update.rendered_files(base.state, context) == files, state.describe()
+        base = template_states.choose_base(Project.load(root), state.version)
+        assert template_states.rendered_files(base.state, context) == files, state.describe()
 
 
 # --- merge-only: every earlier version -------------------------------------------------------------------
@@ -402,15 +403,15 @@ def test_an_earlier_state_of_the_current_template_updates(rendered_project, tmp_
     state = earlier[0]
     root = _copy(rendered_project, tmp_path / "p")
     project = Project.load(root)
-    context = update.answers(project, CURRENT, project.record.backendgen_version)
-    old_files = update.rendered_files(state, context)
+    context = template_states.answers(project, CURRENT, project.record.backendgen_version)
+    old_files = template_states.rendered_files(state, context)
     current = {rel: (root / rel).read_bytes() for rel in old_files if (root / rel).is_file()}
     changed = sorted(
-        rel for rel, data in old_files.items() if current.get(rel) != data and rel not in update.tool_owned()
+        rel for rel, data in old_files.items() if current.get(rel) != data and rel not in template_states.tool_owned()
     )
     assert changed, f"{state.describe()} renders like the installed template"
     for rel, data in old_files.items():  # the project as that state generated it
-        if rel not in update.tool_owned():
+        if rel not in template_states.tool_owned():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_bytes(data)
     readme = root / "README.md"

@@ -3,10 +3,10 @@ re-render the exact template a project was generated from.
 
 `update` merges what changed between the template a project was generated from and the current
 one into the project (backendgen/commands/update.py); for that it renders the older template with the
-project's own answers. The template changed many times under one version number, so a version is
-not one template: each distinct state of the repository's `template/` directory (one per commit
-that changed it, identical trees once) is stored, named by its state hash
-(backendgen.project.template_tree: the hash `new` and `update` record as `template_state`).
+project's own answers (backendgen/project/template_states.py). The template changed many times under
+one version number, so a version is not one template: each distinct state of the repository's
+`template/` directory (one per commit that changed it, identical trees once) is stored, named by its
+state hash (backendgen.project.template_tree: the hash `new` and `update` record as `template_state`).
 
 Users install a wheel without this repository's git history, so the states are in the package,
 content-addressed: `backendgen/template_history/states.tar.xz` holds `index.json` (each state: its
