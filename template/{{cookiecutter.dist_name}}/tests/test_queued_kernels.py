@@ -1,10 +1,11 @@
 """The template's own C++ kernels are launches, as generated ones are: they decide their outputs on
 the host, queue their computation on the current stream and return without waiting for it.
 
-Each case keeps the stream busy (`_sleep`), calls a kernel written by hand in csrc/aten/ (the fused
+Each case holds the stream (`_held_stream`: nothing queued on it runs until the block ends), calls a kernel written by hand in csrc/aten/ (the fused
 LSTM and GRU cells and their backward, scaled dot-product attention and its backward, a matmul with
 out_dtype=, histc, the SyncBatchNorm statistics operators, batch norm), and records an event: if the
-kernel had waited for the stream to drain, the event would be complete when the call returns. Then
+kernel had waited for the stream to drain, it would return only once the hold timed out, and the event
+would be complete. Then
 the results are compared with the CPU. On a driver without queued host work (the minimal driver)
 every kernel runs before the call returns, and these tests skip.
 """
@@ -13,11 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.conftest import DEVICE, queued_kernels, requires
+from tests.conftest import DEVICE, queued_kernels
 
-BUSY_US = 300_000  # long enough that the host finishes its calls while the stream still sleeps
-
-pytestmark = [requires("spin"), queued_kernels, pytest.mark.usefixtures("drained")]
+pytestmark = [queued_kernels, pytest.mark.usefixtures("drained")]
 
 
 def _randn(*shape, dtype=torch.float32, seed=0):
@@ -221,11 +220,11 @@ def test_a_template_kernel_returns_before_the_stream_reaches_it(mod, case):
     on_device(*[t.to(DEVICE) for t in inputs])
     device_inputs = [t.to(DEVICE) for t in inputs]
     mod.synchronize()
-    mod._sleep(BUSY_US)  # the stream is busy: a kernel that waits for it would return after the sleep
-    results = on_device(*device_inputs)
-    done = torch.Event(device=DEVICE)
-    done.record()
-    waited = done.query()
+    with mod._held_stream():  # a kernel that waits for the stream returns only after the hold's timeout
+        results = on_device(*device_inputs)
+        done = torch.Event(device=DEVICE)
+        done.record()
+        waited = done.query()
     mod.synchronize()
     assert not waited, f"{case}: a kernel waited for the stream to drain before returning"
     expected = reference(*inputs)

@@ -214,6 +214,21 @@ def _sleep(microseconds: int) -> None:
     _C.sleep(int(microseconds))
 
 
+@contextlib.contextmanager
+def _held_stream(timeout_s: float = 10.0):
+    """Hold the current stream for the block (a test aid): work queued on it before or in the block
+    waits until the block ends, or until `timeout_s` passed, whichever comes first (the device's
+    other streams may wait too: the hold is host work on the stream); the host does not wait. A test looks at what is still pending for as long as it needs, with no fixed sleep: a call
+    that waits for the stream returns only after the timeout. Needs the driver's "host_tasks"
+    capability."""
+    _require("host_tasks", "_held_stream")
+    token = _C.hold(int(timeout_s * 1_000_000))
+    try:
+        yield
+    finally:
+        _C.release(token)
+
+
 def capabilities() -> frozenset[str]:
     """The driver's optional capabilities (csrc/driver/driver.h): any of "host_mapping",
     "host_tasks", "spin", "memory_limit" and "tracing". A test aid or feature that needs one

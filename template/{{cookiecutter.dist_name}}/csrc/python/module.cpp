@@ -6,7 +6,8 @@
 // tensors are custom operators (torch.ops.{{ cookiecutter.package }}.*, see aten/serialization.cpp),
 // which need no Python binding at all. What a hardware team replaces: nothing, unless it exposes
 // more of its SDK to Python (add a function and a line in kMethods). Two test aids use optional
-// capabilities of the driver (driver.h): sleep needs `spin`, set_memory_limit `memory_limit`;
+// capabilities of the driver (driver.h): sleep needs `spin`, hold/release `host_tasks`,
+// set_memory_limit `memory_limit`;
 // capabilities() tells Python which the driver has, so tests that need one skip without it.
 #include <Python.h>
 #include <ATen/Context.h>
@@ -14,7 +15,12 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "aten/fallback.h"
 #include "driver/driver.h"
@@ -113,6 +119,55 @@ PyObject* sleep(PyObject*, PyObject* arg) {
     {{ cookiecutter.DEVICE }}_CHECK(dev::driver::spin(index, dev::runtime::current_stream_id(index), us));
     Py_RETURN_NONE;
   });
+}
+
+// Test aid: a gate on the current stream. hold(timeout_us) queues host work (launch_host) that
+// keeps the stream busy until release(token) opens it, or until timeout_us passed, whichever comes
+// first, and returns the token. What the host launches meanwhile queues behind the gate, so a test
+// sees a launch still pending for as long as it looks, without sleeping a fixed time (a kernel that
+// waits for the stream to drain returns only once the gate timed out, and the test then fails).
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+};
+std::mutex gates_mu;
+std::map<long long, std::shared_ptr<Gate>> gates;
+long long next_gate = 0;
+
+PyObject* hold(PyObject*, PyObject* arg) {
+  const long long us = PyLong_AsLongLong(arg);
+  if (us == -1 && PyErr_Occurred()) return nullptr;
+  return guarded([&] {
+    auto gate = std::make_shared<Gate>();
+    const c10::DeviceIndex index = dev::runtime::current_device();
+    {{ cookiecutter.DEVICE }}_CHECK(dev::driver::launch_host(index, dev::runtime::current_stream_id(index), "hold", [gate, us] {
+      std::unique_lock<std::mutex> lock(gate->mu);
+      gate->cv.wait_for(lock, std::chrono::microseconds(us), [&] { return gate->open; });
+    }));
+    std::lock_guard<std::mutex> lock(gates_mu);
+    gates.emplace(++next_gate, std::move(gate));
+    return PyLong_FromLongLong(next_gate);
+  });
+}
+
+PyObject* release(PyObject*, PyObject* arg) {
+  const long long token = PyLong_AsLongLong(arg);
+  if (token == -1 && PyErr_Occurred()) return nullptr;
+  std::shared_ptr<Gate> gate;
+  {
+    std::lock_guard<std::mutex> lock(gates_mu);
+    auto it = gates.find(token);
+    if (it == gates.end()) Py_RETURN_NONE;  // released already
+    gate = std::move(it->second);
+    gates.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> lock(gate->mu);
+    gate->open = true;
+  }
+  gate->cv.notify_all();
+  Py_RETURN_NONE;
 }
 
 // The driver's optional capabilities (driver.h), as a tuple of names.
@@ -270,6 +325,8 @@ PyMethodDef kMethods[] = {
     {"exchange_device", exchange_device, METH_O, "Make a device current (negative: none); return the previous."},
     {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
     {"sleep", sleep, METH_O, "Keep the current stream busy for a number of microseconds (test aid)."},
+    {"hold", hold, METH_O, "Hold the current stream until release(token) or a timeout in microseconds (test aid)."},
+    {"release", release, METH_O, "Open a gate hold() returned (test aid)."},
     {"capabilities", capabilities, METH_NOARGS, "The driver's optional capabilities (names, driver.h)."},
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
     {"lazy_init", lazy_init, METH_NOARGS, "Initialise the device runtime (once per process)."},
