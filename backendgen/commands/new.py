@@ -76,45 +76,60 @@ def new_backend(
                 f"uninstalled {names.dist_name}: it was installed (editable) from {stale}, which no longer exists"
             )
     with rep.step("render"):
-        context = {
-            **names.context(),
-            "num_devices": str(devices),
-            "driver": driver,
-            "torch_version": info.public_version,
-            "backendgen_version": __version__,
-            "template_version": str(tpl.template_version),
-        }
-        with writes(dest, "nothing was written"), render.staging_dir(dest) as staging:
-            rendered = render.render_into(staging, context)
-            project = Project(rendered, _initial_record(names, devices, driver, db, tpl))
-            for name in tpl.builtin_ops():
-                project.add_op(template_record(project, db, db.resolve(name)))
-            tx = Transaction(rendered)
-            # the template's default operators, and a view kernel for every view operator of this
-            # torch that would otherwise reach the CPU fallback (derived, not listed: docs/architecture.md)
-            views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
-            wanted = list(dict.fromkeys([*tpl.default_ops, *views]))
-            added = [write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in wanted]
-            registration.write(project, db, tx)
-            project.save()
-            backup = render.move_into_place(rendered, dest)
+        added, backup = _write_project(dest, names, devices, driver, info.public_version, db, tpl)
     result = NewResult(
         dest, names, added, built=False, tested=False, backup=backup, notes=notes, torch_note=torch_note, driver=driver
     )
     if build_it:
-        try:
-            faults.reached("new:rendered")
-            with rep.step("build", build.watch_build(dest)):
-                build.build(dest, names.package, names.dist_name, incremental=False)
-            result.built = True
-        except KeyboardInterrupt:
-            _unmake(dest, backup)  # interrupted: as if `new` had not run, so that running it again works
-            raise
-        if test_it:
-            with rep.step("test", build.watch_tests(dest)):
-                build.run_tests(dest)
-            result.tested = True
+        _build_and_test(result, rep, test_it=test_it)
     return result
+
+
+def _write_project(
+    dest: Path, names: naming.Names, devices: int, driver: str, torch_version: str, db: OpDB, tpl: manifest.Manifest
+) -> tuple[list[str], Path | None]:
+    """Render the template into a staging directory, record it, write its default kernels and
+    registration, and move it into place at `dest`: (the operators it wrote, the backup --force made)."""
+    context = {
+        **names.context(),
+        "num_devices": str(devices),
+        "driver": driver,
+        "torch_version": torch_version,
+        "backendgen_version": __version__,
+        "template_version": str(tpl.template_version),
+    }
+    with writes(dest, "nothing was written"), render.staging_dir(dest) as staging:
+        rendered = render.render_into(staging, context)
+        project = Project(rendered, _initial_record(names, devices, driver, db, tpl))
+        for name in tpl.builtin_ops():
+            project.add_op(template_record(project, db, db.resolve(name)))
+        tx = Transaction(rendered)
+        # the template's default operators, and a view kernel for every view operator of this
+        # torch that would otherwise reach the CPU fallback (derived, not listed: docs/architecture.md)
+        views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
+        wanted = list(dict.fromkeys([*tpl.default_ops, *views]))
+        added = [write_op(project, db, kernelgen.plan_kernel(db, db.resolve(n)), tx) for n in wanted]
+        registration.write(project, db, tx)
+        project.save()
+        backup = render.move_into_place(rendered, dest)
+    return added, backup
+
+
+def _build_and_test(result: NewResult, rep: Reporter, *, test_it: bool) -> None:
+    """Build the new project (an interrupted build removes it again), then run its tests."""
+    dest, names = result.root, result.names
+    try:
+        faults.reached("new:rendered")
+        with rep.step("build", build.watch_build(dest)):
+            build.build(dest, names.package, names.dist_name, incremental=False)
+        result.built = True
+    except KeyboardInterrupt:
+        _unmake(dest, result.backup)  # interrupted: as if `new` had not run, so that running it again works
+        raise
+    if test_it:
+        with rep.step("test", build.watch_tests(dest)):
+            build.run_tests(dest)
+        result.tested = True
 
 
 def _unmake(dest: Path, backup: Path | None) -> None:

@@ -46,7 +46,7 @@ from backendgen.project import history, manifest, template_tree
 from backendgen.project.history import current_version, template_of
 from backendgen.project.merge import has_markers, merge3
 from backendgen.project.on_disk import METADATA_FILE, Project
-from backendgen.project.record import TorchTarget, UpdateState
+from backendgen.project.record import OpRecord, TorchTarget, UpdateState
 from backendgen.project.template_states import (
     answers,
     choose_base,
@@ -57,7 +57,7 @@ from backendgen.project.template_states import (
 )
 from backendgen.toolchain import build
 from backendgen.torchdb.drift import Drift, argument_names, classify
-from backendgen.torchdb.opdb import OpDB, load_opdb
+from backendgen.torchdb.opdb import Op, OpDB, load_opdb
 
 
 class Action(TextEnum):
@@ -310,78 +310,80 @@ def plan_torch(project: Project, db: OpDB, plan: Plan, result: UpdateResult) -> 
     files = kernel_files(project)
     for rec in project.ops:
         op = db.get(rec.op)
-        where = rec.source or manifest.load().path("template_kernels")
         kind = classify(
             rec.signature,
             op,
             schema_unchanged=op is not None and (rec.schema, rec.signature) == (op.qualified_schema, op.signature),
         )
-        if kind is Drift.UNCHANGED:
-            continue
-        if kind is Drift.REMOVED:
-            matches = db.close_matches(rec.op)
-            fixes.append(
-                TorchFix(
-                    rec.op,
-                    where,
-                    Fix.UNFIXABLE,
-                    f"removed from torch {db.torch_version}: port the kernel or backendgen remove-op {rec.op}",
-                    close_matches=matches,
-                )
-            )
-            continue
-        if kind is Drift.SCHEMA_CHANGED:
-            rec.schema, rec.signature = op.qualified_schema, op.signature
-            if rec.overloads:
-                rec.overloads = [o.qualified for o in db.overloads(op.base)]
-            project.add_op(rec)
-            fixes.append(TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated"))
-            continue
-        if rec.origin != "add-op":
-            fixes.append(
-                TorchFix(
-                    rec.op,
-                    where,
-                    Fix.UNFIXABLE,
-                    f"its kernel is part of the template ({where}): change it to {op.signature}",
-                )
-            )
-            continue
-        text = plan.read(rec.source)
-        text = None if isinstance(text, bytes) else text  # not text: listed as unfixable below
-        recs = files.get(rec.source, [rec])
-        if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
-            # unedited: the kernel kind's carry rewrites the whole file for the new torch
-            fixes.append(TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}"))
-            continue
-        if argument_names(op.signature) != argument_names(rec.signature):
-            fixes.append(
-                TorchFix(
-                    rec.op,
-                    rec.source,
-                    Fix.UNFIXABLE,
-                    f"arguments changed: {rec.signature} -> {op.signature}; edit the kernel to the new signature",
-                )
-            )
-            continue
-        line = f"{rec.signature} {{"
-        if text is None or text.count(line) != 1:
-            fixes.append(
-                TorchFix(
-                    rec.op,
-                    rec.source,
-                    Fix.UNFIXABLE,
-                    f"the line `{line}` is not in the file (once); change it to {op.signature}",
-                )
-            )
-            continue
-        plan.write(rec.source, text.replace(line, f"{op.signature} {{"))
-        rec.schema, rec.signature = op.qualified_schema, op.signature
-        project.add_op(rec)
-        fixes.append(TorchFix(rec.op, rec.source, Fix.SIGNATURE, f"{line[:-2]} -> {op.signature}"))
-        result.changes.append(FileChange(rec.source, Action.SIGNATURE, rec.op))
+        if kind is not Drift.UNCHANGED:
+            fixes.append(_torch_fix(project, db, plan, result, rec, op, kind, files))
     result.torch = fixes
     return {f.file for f in fixes if f.action is Fix.UNFIXABLE}  # the template step leaves these alone
+
+
+def _torch_fix(
+    project: Project,
+    db: OpDB,
+    plan: Plan,
+    result: UpdateResult,
+    rec: OpRecord,
+    op: Op | None,
+    kind: Drift,
+    files: dict[str, list[OpRecord]],
+) -> TorchFix:
+    """What --torch does about one recorded operator the installed torch changed (`kind`)."""
+    where = rec.source or manifest.load().path("template_kernels")
+    if kind is Drift.REMOVED:
+        return TorchFix(
+            rec.op,
+            where,
+            Fix.UNFIXABLE,
+            f"removed from torch {db.torch_version}: port the kernel or backendgen remove-op {rec.op}",
+            close_matches=db.close_matches(rec.op),
+        )
+    if kind is Drift.SCHEMA_CHANGED:
+        rec.schema, rec.signature = op.qualified_schema, op.signature
+        if rec.overloads:
+            rec.overloads = [o.qualified for o in db.overloads(op.base)]
+        project.add_op(rec)
+        return TorchFix(rec.op, where, Fix.RECORDED, "schema changed, C++ types the same: record updated")
+    if rec.origin != "add-op":
+        return TorchFix(
+            rec.op, where, Fix.UNFIXABLE, f"its kernel is part of the template ({where}): change it to {op.signature}"
+        )
+    return _fix_signature(project, plan, result, rec, op, files.get(rec.source, [rec]))
+
+
+def _fix_signature(
+    project: Project, plan: Plan, result: UpdateResult, rec: OpRecord, op: Op, recs: list[OpRecord]
+) -> TorchFix:
+    """A kernel add-op wrote whose C++ signature changed: regenerated if unedited, else its signature
+    line rewritten where only the types changed; `recs`: the records of the kernel's file."""
+    text = plan.read(rec.source)
+    text = None if isinstance(text, bytes) else text  # not text: listed as unfixable below
+    if text is not None and recs[0].source_sha256 and sha256_text(text) == recs[0].source_sha256:
+        # unedited: the kernel kind's carry rewrites the whole file for the new torch
+        return TorchFix(rec.op, rec.source, Fix.REGENERATED, f"{rec.signature} -> {op.signature}")
+    if argument_names(op.signature) != argument_names(rec.signature):
+        return TorchFix(
+            rec.op,
+            rec.source,
+            Fix.UNFIXABLE,
+            f"arguments changed: {rec.signature} -> {op.signature}; edit the kernel to the new signature",
+        )
+    line = f"{rec.signature} {{"
+    if text is None or text.count(line) != 1:
+        return TorchFix(
+            rec.op,
+            rec.source,
+            Fix.UNFIXABLE,
+            f"the line `{line}` is not in the file (once); change it to {op.signature}",
+        )
+    plan.write(rec.source, text.replace(line, f"{op.signature} {{"))
+    rec.schema, rec.signature = op.qualified_schema, op.signature
+    project.add_op(rec)
+    result.changes.append(FileChange(rec.source, Action.SIGNATURE, rec.op))
+    return TorchFix(rec.op, rec.source, Fix.SIGNATURE, f"{line[:-2]} -> {op.signature}")
 
 
 # --- the command -------------------------------------------------------------------------------
