@@ -324,50 +324,67 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
         report.add(Area.EXTENSION, Severity.WARNING, built[0].name, "sources changed since the last build: rebuild")
     load = probed.get("load")
     if load is None:
-        if returncode < 0:
-            sig = signal.Signals(-returncode).name
-            tail = crash_summary(stderr)
-            report.add(
-                Area.EXTENSION,
-                Severity.ERROR,
-                project.package,
-                f"loading it killed the process ({sig}): the library is corrupt or a static registration "
-                f"failed — rebuild{'; ' + tail if tail else ''}",
-                kind=Kind.CRASH,
-            )
-        else:
-            tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            report.add(Area.EXTENSION, Severity.ERROR, project.package, f"could not be probed: {tail}", kind=Kind.PROBE)
+        _probe_failed(report, project, stderr, returncode)
         return set()
     if not load["ok"]:
-        msg = load["message"]
-        if load["type"] == "TorchMismatch":  # the package's own check (template 10 on): built for another torch
-            report.add(
-                Area.EXTENSION,
-                Severity.ERROR,
-                project.package,
-                f"{msg.splitlines()[0]} (a user of its wheel: install the wheel built for this torch)",
-                kind=Kind.TORCH_MISMATCH,
-            )
-        elif "undefined symbol" in msg:
-            report.add(
-                Area.EXTENSION,
-                Severity.ERROR,
-                project.package,
-                f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
-                f"[{msg.splitlines()[0][:200]}]",
-                kind=Kind.ABI,
-            )
-        else:
-            report.add(
-                Area.EXTENSION,
-                Severity.ERROR,
-                project.package,
-                f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild",
-                kind=Kind.LOAD,
-            )
+        _load_failed(report, project, load)
         return set()
     report.add(Area.EXTENSION, Severity.OK, project.package, f"loads into torch as '{load['backend_name']}'")
+    _check_kernels(report, project, load)
+    return set(load["registered"])
+
+
+def _probe_failed(report: CheckReport, project: Project, stderr: str, returncode: int) -> None:
+    """The probe said nothing of loading the library: it crashed (a signal), or failed before."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode).name
+        tail = crash_summary(stderr)
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            project.package,
+            f"loading it killed the process ({sig}): the library is corrupt or a static registration "
+            f"failed — rebuild{'; ' + tail if tail else ''}",
+            kind=Kind.CRASH,
+        )
+    else:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        report.add(Area.EXTENSION, Severity.ERROR, project.package, f"could not be probed: {tail}", kind=Kind.PROBE)
+
+
+def _load_failed(report: CheckReport, project: Project, load: dict) -> None:
+    """The library did not load: built for another torch (its own check, or an undefined symbol), or broken."""
+    msg = load["message"]
+    if load["type"] == "TorchMismatch":  # the package's own check (template 10 on): built for another torch
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            project.package,
+            f"{msg.splitlines()[0]} (a user of its wheel: install the wheel built for this torch)",
+            kind=Kind.TORCH_MISMATCH,
+        )
+    elif "undefined symbol" in msg:
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            project.package,
+            f"built against another torch (undefined symbol): rebuild with pip install --no-build-isolation -e . "
+            f"[{msg.splitlines()[0][:200]}]",
+            kind=Kind.ABI,
+        )
+    else:
+        report.add(
+            Area.EXTENSION,
+            Severity.ERROR,
+            project.package,
+            f"fails to load ({load['type']}: {msg.splitlines()[0][:200] if msg else ''}): rebuild",
+            kind=Kind.LOAD,
+        )
+
+
+def _check_kernels(report: CheckReport, project: Project, load: dict) -> None:
+    """The loaded library's kernels: none for an operator torch lacks, one for every recorded operator,
+    add-op's registered where the project registers them."""
     for d in load["dangling"]:
         report.add(
             Area.EXTENSION,
@@ -394,7 +411,6 @@ def _check_extension(report: CheckReport, project: Project, probed: dict, stderr
                 f"its PrivateUse1 kernel is not registered by {project.registration_file} or {rec.source}: "
                 f"{k['line'][:160]}",
             )
-    return set(load["registered"])
 
 
 _REGISTERED_AT = re.compile(r" registered at (.+?):\d+")

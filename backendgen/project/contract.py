@@ -128,6 +128,25 @@ def _driver_files(template: Path, m: Manifest) -> list[str]:
 
 def _audit_files(template: Path, files: dict[str, Path], m: Manifest, driver: str) -> list[str]:
     """The problems of one layout of the template's project tree (`files`, by project path)."""
+    owned, problems = _ownership(files, m)
+    problems += _listed_paths(files, m)
+    problems += _uncompiled(files, m)
+    problems += _setup_protocol(files, m)
+    problems += _provided(template, files, m)
+    if driver == m.default_driver:  # the emulator's header is its own: another driver's layout has none
+        problems += _emulator_users(template, files, m)
+    problems += [str(found) for found in driver_includes(files)]
+    problems += missing_driver_files(files)
+    for point in m.integration_points:
+        texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
+        problems += _point_registrations(point, texts)
+        problems += _point_apis(template, point, texts)
+    return problems
+
+
+def _ownership(files: dict[str, Path], m: Manifest) -> tuple[dict[str, list[str]], list[str]]:
+    """Each file the manifest must account for, owned by exactly one integration point:
+    ({point name: its files}, the problems)."""
     problems = []
     owned: dict[str, list[str]] = defaultdict(list)  # point name -> its files
     for path in files:
@@ -142,6 +161,12 @@ def _audit_files(template: Path, files: dict[str, Path], m: Manifest, driver: st
             problems.append(f"{path}: owned by {' and '.join(p.name for p in owners)} alike; make one entry name it")
         else:
             owned[owners[0].name].append(path)
+    return owned, problems
+
+
+def _listed_paths(files: dict[str, Path], m: Manifest) -> list[str]:
+    """Every path an integration point lists is in the template (but where backendgen writes)."""
+    problems = []
     generated = tuple(m.paths.values())  # where backendgen writes (add-op's kernels, ...)
     for point in m.integration_points:
         for path in (*point.paths, *point.more_files):
@@ -150,68 +175,70 @@ def _audit_files(template: Path, files: dict[str, Path], m: Manifest, driver: st
             pattern = path + "*" if path.endswith("/") else path
             if not any(fnmatch.fnmatchcase(f, pattern) for f in files):
                 problems.append(f"{point.name}: {path} is in {MANIFEST_FILE} but not in the template")
-    problems += _uncompiled(files, m)
-    problems += _setup_protocol(files, m)
-    problems += _provided(template, files, m)
-    if driver == m.default_driver:  # the emulator's header is its own: another driver's layout has none
-        problems += _emulator_users(template, files, m)
-    problems += [str(found) for found in driver_includes(files)]
-    problems += missing_driver_files(files)
-    for point in m.integration_points:
-        texts = {path: files[path].read_text(errors="replace") for path in owned[point.name]}
-        found_reg: dict[str, set[str]] = defaultdict(set)
-        found_def: set[str] = set()
-        found_static: set[str] = set()
-        for path, text in texts.items():
-            if path.endswith((".cpp", ".h")):
-                reg, defs, statics = registrations(text)
-                for key, ops in reg.items():
-                    found_reg[key] |= ops
-                found_def |= defs
-                found_static |= statics
-        for key in sorted(set(found_reg) | set(point.registers)):
-            listed, made = set(point.registers.get(key, ())), found_reg.get(key, set())
-            problems += [
-                f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list"
-                for op in sorted(made - listed)
-            ]
-            problems += [
-                f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register"
-                for op in sorted(listed - made)
-            ]
+    return problems
+
+
+def _point_registrations(point: IntegrationPoint, texts: dict[str, str]) -> list[str]:
+    """What a point's C++ files register, define and register statically, against what the manifest lists."""
+    problems = []
+    found_reg: dict[str, set[str]] = defaultdict(set)
+    found_def: set[str] = set()
+    found_static: set[str] = set()
+    for path, text in texts.items():
+        if path.endswith((".cpp", ".h")):
+            reg, defs, statics = registrations(text)
+            for key, ops in reg.items():
+                found_reg[key] |= ops
+            found_def |= defs
+            found_static |= statics
+    for key in sorted(set(found_reg) | set(point.registers)):
+        listed, made = set(point.registers.get(key, ())), found_reg.get(key, set())
         problems += [
-            f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list"
-            for op in sorted(found_def - set(point.defines))
+            f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list"
+            for op in sorted(made - listed)
         ]
         problems += [
-            f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
-            for op in sorted(set(point.defines) - found_def)
+            f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register"
+            for op in sorted(listed - made)
         ]
+    problems += [
+        f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list"
+        for op in sorted(found_def - set(point.defines))
+    ]
+    problems += [
+        f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
+        for op in sorted(set(point.defines) - found_def)
+    ]
+    problems += [
+        f"{point.name}: static registration {s} is not in {MANIFEST_FILE}"
+        for s in sorted(found_static - set(point.statics))
+    ]
+    problems += [
+        f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
+        for s in sorted(set(point.statics) - found_static)
+    ]
+    return problems
+
+
+def _point_apis(template: Path, point: IntegrationPoint, texts: dict[str, str]) -> list[str]:
+    """The C++ and Python APIs a point names are the ones its files use (add-op's kernels: the kernel templates)."""
+    used = (
+        "\n".join(texts.values())
+        if texts
+        else "\n".join(p.read_text(errors="replace") for p in sorted((template / "ops").glob("*.j2")))
+    )
+    problems = []
+    for header, names in point.cpp_apis.items():
         problems += [
-            f"{point.name}: static registration {s} is not in {MANIFEST_FILE}"
-            for s in sorted(found_static - set(point.statics))
+            f"{point.name}: {MANIFEST_FILE} names {header}: {n}, which its files do not use"
+            for n in names
+            if not re.search(rf"\b{re.escape(n)}\b", used)
         ]
-        problems += [
-            f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
-            for s in sorted(set(point.statics) - found_static)
-        ]
-        # the APIs it names are the ones its files use (add-op's kernels: the kernel templates)
-        used = (
-            "\n".join(texts.values())
-            if texts
-            else "\n".join(p.read_text(errors="replace") for p in sorted((template / "ops").glob("*.j2")))
-        )
-        for header, names in point.cpp_apis.items():
-            problems += [
-                f"{point.name}: {MANIFEST_FILE} names {header}: {n}, which its files do not use"
-                for n in names
-                if not re.search(rf"\b{re.escape(n)}\b", used)
-            ]
-        problems += [
-            f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
-            for n in point.python_apis
-            if n.rsplit(".", 1)[-1] not in used
-        ]
+    problems += [
+        f"{point.name}: {MANIFEST_FILE} names {n}, which its files do not use"
+        for n in point.python_apis
+        if n.rsplit(".", 1)[-1] not in used
+    ]
     return problems
 
 
