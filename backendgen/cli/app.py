@@ -260,6 +260,82 @@ def build_cmd(
     render.build(api.build_backend(project, test_it=test, full=full, reporter=_reporter()), _out())
 
 
+# `test`'s own options, declared before the command so that it reads as what it does (the options
+# several commands share are in cli/options.py): the opt-in suites, the conformance suite's (--opinfo),
+# --pytorch-tests' (its FILEs too)
+_OpInfo = Annotated[
+    bool,
+    typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU."),
+]
+_Compile = Annotated[
+    bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")
+]
+_Distributed = Annotated[
+    bool,
+    typer.Option(
+        "--distributed",
+        help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.",
+    ),
+]
+_Models = Annotated[
+    bool,
+    typer.Option(
+        "--models",
+        help="Also run the model suite: real architectures trained on the device against the CPU, eager and compiled.",
+    ),
+]
+_Patterns = Annotated[
+    list[str] | None,
+    typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable)."),
+]
+_Dtypes = Annotated[
+    list[str] | None,
+    typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32]."),
+]
+_Samples = Annotated[
+    int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")
+]
+_Workers = Annotated[int | None, typer.Option("--workers", help="Worker processes [default: one per core].")]
+_Strict = Annotated[bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")]
+_WriteExpected = Annotated[
+    Path | None,
+    typer.Option(
+        "--write-expected",
+        help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.",
+    ),
+]
+_PytorchTestFiles = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="FILE[=EXPR]",
+        help="With --pytorch-tests: test files of DIR (test_view_ops.py; nn/test_pooling.py); "
+        "FILE=EXPR runs the tests pytest's -k EXPR selects.",
+        show_default=False,
+    ),
+]
+_PytorchTests = Annotated[
+    Path | None,
+    typer.Option(
+        "--pytorch-tests",
+        metavar="DIR",
+        help="Instead, run PyTorch's device-generic test FILEs of DIR (a PyTorch checkout's test/ at the "
+        "installed torch's release) on the CPU and on the device, each in its own process, and compare.",
+    ),
+]
+_Timeout = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        help="With --pytorch-tests: the longest one test process may run; the test it was running is "
+        "reported as crashed and the rest of the file runs [default: 1800].",
+    ),
+]
+_PytorchTestsJson = Annotated[
+    bool, typer.Option("--json", help="With --pytorch-tests: the whole report as JSON on stdout.")
+]
+
+
 @app.command(
     "test",
     short_help="Run the project's tests; --opinfo: the OpInfo conformance suite; "
@@ -268,81 +344,21 @@ def build_cmd(
 )
 @_handles_errors
 def test_cmd(
-    files: Annotated[
-        list[str] | None,
-        typer.Argument(
-            metavar="FILE[=EXPR]",
-            help="With --pytorch-tests: test files of DIR (test_view_ops.py; nn/test_pooling.py); "
-            "FILE=EXPR runs the tests pytest's -k EXPR selects.",
-            show_default=False,
-        ),
-    ] = None,
+    files: _PytorchTestFiles = None,
     project: ProjectOption = None,
-    opinfo: Annotated[
-        bool,
-        typer.Option("--opinfo", help="Also run the conformance suite: PyTorch's OpInfo database, device against CPU."),
-    ] = False,
-    torch_compile: Annotated[
-        bool, typer.Option("--compile", help="Also run the torch.compile tests: compiled against eager on the device.")
-    ] = False,
-    distributed: Annotated[
-        bool,
-        typer.Option(
-            "--distributed",
-            help="Also run the multi-process tests: the collective backend on 2 and 4 processes, DDP, FSDP, torchrun.",
-        ),
-    ] = False,
-    models: Annotated[
-        bool,
-        typer.Option(
-            "--models",
-            help="Also run the model suite: real architectures trained on the device "
-            "against the CPU, eager and compiled.",
-        ),
-    ] = False,
-    patterns: Annotated[
-        list[str] | None,
-        typer.Option("-k", help="Only OpInfos whose name contains PATTERN or matches it as a glob (repeatable)."),
-    ] = None,
-    dtypes: Annotated[
-        list[str] | None,
-        typer.Option("--dtype", help="A torch dtype name, e.g. float32, int64 (repeatable) [default: float32]."),
-    ] = None,
-    samples: Annotated[
-        int | None, typer.Option("--samples", help="Samples per op and variant [default: the suite's, 3].")
-    ] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes [default: one per core].")] = None,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="A listed expected failure that passes now fails the run.")
-    ] = False,
-    write_expected: Annotated[
-        Path | None,
-        typer.Option(
-            "--write-expected",
-            help="Write the expected-failure list this run calls for (new failures with reason UNEXPLAINED) to FILE.",
-        ),
-    ] = None,
-    pytorch_tests: Annotated[
-        Path | None,
-        typer.Option(
-            "--pytorch-tests",
-            metavar="DIR",
-            help="Instead, run PyTorch's device-generic test FILEs of DIR (a PyTorch checkout's test/ at the "
-            "installed torch's release) on the CPU and on the device, each in its own process, and compare.",
-        ),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option(
-            "--timeout",
-            metavar="SECONDS",
-            help="With --pytorch-tests: the longest one test process may run; the test it was running is "
-            "reported as crashed and the rest of the file runs [default: 1800].",
-        ),
-    ] = None,
-    json_out: Annotated[
-        bool, typer.Option("--json", help="With --pytorch-tests: the whole report as JSON on stdout.")
-    ] = False,
+    opinfo: _OpInfo = False,
+    torch_compile: _Compile = False,
+    distributed: _Distributed = False,
+    models: _Models = False,
+    patterns: _Patterns = None,
+    dtypes: _Dtypes = None,
+    samples: _Samples = None,
+    workers: _Workers = None,
+    strict: _Strict = False,
+    write_expected: _WriteExpected = None,
+    pytorch_tests: _PytorchTests = None,
+    timeout: _Timeout = None,
+    json_out: _PytorchTestsJson = False,
 ):
     """Run the project's tests; with --opinfo also its conformance suite (one summary line per
     variant and dtype, then the first unexpected failure of each op); with --compile also its
