@@ -2,8 +2,9 @@
 now (ours: the team's edits) and what the current template writes (theirs).
 
 `merge3` uses `git merge-file` when git is installed (its diff is the one teams know from their
-own merges) and a line-based diff3 of its own otherwise (difflib's matching blocks intersected,
-as diff3 does); both mark a conflict the same way, diff3-style, so the base is visible:
+own merges) and otherwise the `merge3` package's line-based diff3 (breezy's: difflib's matching
+blocks intersected, as diff3 does); both mark a conflict the same way, diff3-style, so the base is
+visible:
 
     <<<<<<< yours
     the project's lines
@@ -77,56 +78,45 @@ def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def _sync_regions(base: list[str], a: list[str], b: list[str]) -> list[tuple[int, int, int, int, int, int]]:
-    """Regions of `base` unchanged in both `a` and `b`: (base start, end, a start, end, b start, end)."""
-    am = difflib.SequenceMatcher(None, base, a, autojunk=False).get_matching_blocks()
-    bm = difflib.SequenceMatcher(None, base, b, autojunk=False).get_matching_blocks()
-    ia = ib = 0
-    regions = []
-    while ia < len(am) and ib < len(bm):
-        abase, amatch, alen = am[ia]
-        bbase, bmatch, blen = bm[ib]
-        start, end = max(abase, bbase), min(abase + alen, bbase + blen)
-        if start < end:
-            asub, bsub = amatch + (start - abase), bmatch + (start - bbase)
-            regions.append((start, end, asub, asub + end - start, bsub, bsub + end - start))
-        if abase + alen < bbase + blen:
-            ia += 1
-        else:
-            ib += 1
-    regions.append((len(base), len(base), len(a), len(a), len(b), len(b)))
-    return regions
-
-
 def _py_merge(base: str, ours: str, theirs: str, labels: tuple[str, str, str]) -> MergeResult:
+    """diff3 without git: the `merge3` package's regions (breezy's Merge3: difflib's matching blocks
+    of base against each side, intersected), written here so that a conflict reads as git's does
+    (markers end in "\n" whatever the file's line ends; a side's last line gets its newline)."""
+    from merge3 import Merge3
+
     o, a, b = _lines(base), _lines(ours), _lines(theirs)
     out: list[str] = []
     conflicts = 0
-    iz = ia = ib = 0
 
     def block(lines: list[str]) -> list[str]:
         if lines and not lines[-1].endswith("\n"):
             return lines[:-1] + [lines[-1] + "\n"]
         return lines
 
-    for zstart, zend, astart, aend, bstart, bend in _sync_regions(o, a, b):
-        a_part, b_part, base_part = a[ia:astart], b[ib:bstart], o[iz:zstart]
-        if a_part or b_part:
-            if a_part == b_part or b_part == base_part:
-                out += a_part
-            elif a_part == base_part:
-                out += b_part
-            else:
-                conflicts += 1
-                out += [
-                    f"{'<' * MARKER_SIZE} {labels[0]}\n",
-                    *block(a_part),
-                    f"{'|' * MARKER_SIZE} {labels[1]}\n",
-                    *block(base_part),
-                    f"{'=' * MARKER_SIZE}\n",
-                    *block(b_part),
-                    f"{'>' * MARKER_SIZE} {labels[2]}\n",
-                ]
-        out += o[zstart:zend]
-        iz, ia, ib = zend, aend, bend
+    regions = Merge3(o, a, b, sequence_matcher=_exact_matcher).merge_regions()
+    for what, *at in regions:
+        if what == "unchanged":
+            out += o[at[0] : at[1]]
+        elif what in ("a", "same"):
+            out += a[at[0] : at[1]]
+        elif what == "b":
+            out += b[at[0] : at[1]]
+        else:  # "conflict": base, ours, theirs ranges
+            zstart, zend, astart, aend, bstart, bend = at
+            conflicts += 1
+            out += [
+                f"{'<' * MARKER_SIZE} {labels[0]}\n",
+                *block(a[astart:aend]),
+                f"{'|' * MARKER_SIZE} {labels[1]}\n",
+                *block(o[zstart:zend]),
+                f"{'=' * MARKER_SIZE}\n",
+                *block(b[bstart:bend]),
+                f"{'>' * MARKER_SIZE} {labels[2]}\n",
+            ]
     return MergeResult("".join(out), conflicts)
+
+
+def _exact_matcher(junk, x, y) -> difflib.SequenceMatcher:
+    """difflib's matcher without its popular-line heuristic (which would misalign files of more than
+    200 lines that repeat a line, such as a blank one)."""
+    return difflib.SequenceMatcher(junk, x, y, autojunk=False)
