@@ -218,15 +218,21 @@ def _sleep(microseconds: int) -> None:
 def _held_stream(timeout_s: float = 10.0):
     """Hold the current stream for the block (a test aid): work queued on it before or in the block
     waits until the block ends, or until `timeout_s` passed, whichever comes first (the device's
-    other streams may wait too: the hold is host work on the stream); the host does not wait. A test looks at what is still pending for as long as it needs, with no fixed sleep: a call
-    that waits for the stream returns only after the timeout. Needs the driver's "host_tasks"
-    capability."""
+    other streams may wait too: the hold is host work on the stream); the host does not wait. A test
+    looks at what is still pending for as long as it needs, with no fixed sleep. A call in the block
+    that waits for the stream returns only after the timeout, and the block then raises
+    AssertionError as it ends, naming it. Needs the driver's "host_tasks" capability."""
     _require("host_tasks", "_held_stream")
     token = _C.hold(int(timeout_s * 1_000_000))
     try:
         yield
-    finally:
+    except BaseException:
         _C.release(token)
+        raise
+    if _C.release(token):
+        raise AssertionError(
+            f"the stream's hold timed out after {timeout_s} s: a call in the block waited for the stream"
+        )
 
 
 def capabilities() -> frozenset[str]:

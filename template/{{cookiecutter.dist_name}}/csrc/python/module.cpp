@@ -124,12 +124,13 @@ PyObject* sleep(PyObject*, PyObject* arg) {
 // Test aid: a gate on the current stream. hold(timeout_us) queues host work (launch_host) that
 // keeps the stream busy until release(token) opens it, or until timeout_us passed, whichever comes
 // first, and returns the token. What the host launches meanwhile queues behind the gate, so a test
-// sees a launch still pending for as long as it looks, without sleeping a fixed time (a kernel that
-// waits for the stream to drain returns only once the gate timed out, and the test then fails).
+// sees a launch still pending for as long as it looks, without sleeping a fixed time. A call that
+// waits for the stream to drain returns only once the gate timed out: release() tells whether it did.
 struct Gate {
   std::mutex mu;
   std::condition_variable cv;
   bool open = false;
+  bool timed_out = false;
 };
 std::mutex gates_mu;
 std::map<long long, std::shared_ptr<Gate>> gates;
@@ -143,7 +144,7 @@ PyObject* hold(PyObject*, PyObject* arg) {
     const c10::DeviceIndex index = dev::runtime::current_device();
     {{ cookiecutter.DEVICE }}_CHECK(dev::driver::launch_host(index, dev::runtime::current_stream_id(index), "hold", [gate, us] {
       std::unique_lock<std::mutex> lock(gate->mu);
-      gate->cv.wait_for(lock, std::chrono::microseconds(us), [&] { return gate->open; });
+      gate->timed_out = !gate->cv.wait_for(lock, std::chrono::microseconds(us), [&] { return gate->open; });
     }));
     std::lock_guard<std::mutex> lock(gates_mu);
     gates.emplace(++next_gate, std::move(gate));
@@ -158,16 +159,18 @@ PyObject* release(PyObject*, PyObject* arg) {
   {
     std::lock_guard<std::mutex> lock(gates_mu);
     auto it = gates.find(token);
-    if (it == gates.end()) Py_RETURN_NONE;  // released already
+    if (it == gates.end()) Py_RETURN_FALSE;  // released already
     gate = std::move(it->second);
     gates.erase(it);
   }
+  bool timed_out;
   {
     std::lock_guard<std::mutex> lock(gate->mu);
     gate->open = true;
+    timed_out = gate->timed_out;
   }
   gate->cv.notify_all();
-  Py_RETURN_NONE;
+  return PyBool_FromLong(timed_out);
 }
 
 // The driver's optional capabilities (driver.h), as a tuple of names.
@@ -326,7 +329,7 @@ PyMethodDef kMethods[] = {
     {"synchronize", synchronize, METH_O, "Wait for all work on a device."},
     {"sleep", sleep, METH_O, "Keep the current stream busy for a number of microseconds (test aid)."},
     {"hold", hold, METH_O, "Hold the current stream until release(token) or a timeout in microseconds (test aid)."},
-    {"release", release, METH_O, "Open a gate hold() returned (test aid)."},
+    {"release", release, METH_O, "Open a gate hold() returned; whether it had timed out (test aid)."},
     {"capabilities", capabilities, METH_NOARGS, "The driver's optional capabilities (names, driver.h)."},
     {"is_in_bad_fork", is_in_bad_fork, METH_NOARGS, "Whether this is a forked child of an initialised parent."},
     {"lazy_init", lazy_init, METH_NOARGS, "Initialise the device runtime (once per process)."},
