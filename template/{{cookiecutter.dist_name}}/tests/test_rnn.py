@@ -1,13 +1,17 @@
 """LSTM and GRU layers and cells run on the device as on the CPU (csrc/aten/rnn.cpp): outputs,
-gradients of inputs and parameters, and a few optimizer steps, from the same initial weights."""
+gradients of inputs and parameters, and a few optimizer steps, from the same initial weights. A
+float32 nn.LSTM runs each layer's whole sequence as one call, as the CPU does."""
 
+import collections
 import copy
 
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from tests.conftest import DEVICE
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.conftest import DEVICE, queued_kernels
 
 
 def _to(value, device):
@@ -229,3 +233,69 @@ def test_mismatched_devices_are_refused():
     gates = torch.randn(2, 8, device=DEVICE)
     with pytest.raises(RuntimeError, match="device|cpu"):
         torch.ops.aten._thnn_fused_lstm_cell(gates, gates, torch.randn(2, 2))
+
+
+class _Calls(TorchDispatchMode):
+    """Counts the ATen operators called below autograd."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+def test_a_float_lstm_runs_each_layers_sequence_as_one_call(bidirectional):
+    """As on the CPU: one aten::mkldnn_rnn_layer per layer and direction, and one backward each,
+    instead of a fused cell and two matmuls per time step."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, bidirectional=bidirectional).to(DEVICE)
+    x = torch.randn(7, 3, 4, device=DEVICE, requires_grad=True)
+    with _Calls() as calls:
+        out, _ = lstm(x)
+        out.sum().backward()
+    per_pass = 2 * (2 if bidirectional else 1)
+    assert calls.count["aten::mkldnn_rnn_layer"] == per_pass, calls.count
+    assert calls.count["aten::mkldnn_rnn_layer_backward"] == per_pass, calls.count
+    assert calls.count["aten::_thnn_fused_lstm_cell"] == 0, calls.count
+
+
+def test_an_lstm_the_sequence_path_does_not_take_still_runs_cell_by_cell():
+    """No bias: PyTorch's composite (a fused cell per time step), as before, and still the CPU's result."""
+    lstm = torch.nn.LSTM(4, 6, bias=False).to(DEVICE)
+    with _Calls() as calls:
+        lstm(torch.randn(5, 3, 4, device=DEVICE))
+    assert calls.count["aten::mkldnn_rnn_layer"] == 0 and calls.count["aten::_thnn_fused_lstm_cell"] == 5
+
+
+def test_an_lstm_in_inference_mode_matches_cpu():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 6, num_layers=2, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    expected = lstm(x)[0].detach()
+    dev = copy.deepcopy(lstm).to(DEVICE)
+    with torch.inference_mode(), torch.profiler.profile() as prof:  # a dispatch mode would see lstm alone
+        got = dev(x.to(DEVICE))[0]
+    calls = collections.Counter({e.key: e.count for e in prof.key_averages()})
+    assert calls["aten::mkldnn_rnn_layer"] == 2 and calls["aten::_thnn_fused_lstm_cell"] == 0, calls
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@queued_kernels
+@pytest.mark.usefixtures("drained")
+def test_an_lstm_training_step_is_queued(mod):
+    """Forward and backward return before the stream has run them (the sequence calls are queued)."""
+    lstm = torch.nn.LSTM(4, 6, num_layers=2).to(DEVICE)
+    x = torch.randn(7, 3, 4, device=DEVICE)
+    for _ in range(3):  # the fallback queues a kind of call once it has seen it run
+        lstm(x)[0].sum().backward()
+    mod.synchronize()
+    with mod._held_stream():
+        lstm(x)[0].sum().backward()
+        done = torch.Event(device=DEVICE)
+        done.record()
+        assert not done.query(), "the LSTM's forward or backward waited for the stream"
+    mod.synchronize()

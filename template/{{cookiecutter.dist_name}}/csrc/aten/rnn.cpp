@@ -19,13 +19,36 @@
 // mixed dtypes (autocast: lower-precision gates, a float state) give results in their promoted dtype.
 // What a hardware team replaces: the four queued bodies, with one fused elementwise kernel each (a
 // forward and its backward must agree on the workspace layout; nothing else reads it).
+//
+// nn.LSTM (aten::lstm.input) on float32 takes the path the CPU takes instead: the whole sequence of
+// each layer and direction is one aten::mkldnn_rnn_layer call (autograd's backward: one
+// aten::mkldnn_rnn_layer_backward; double backward: PyTorch's differentiable formula), where the
+// cell path makes two matmuls and a fused cell per time step. Both are launches here too, queued
+// bodies that run the CPU's fused sequence kernel, so a training step queues a few calls per layer
+// rather than thousands of small ones (issue #44: a 2-layer LSTM step went from 2.2-3.2x the CPU's
+// time to about 1x). The forward's workspace (what its backward reads) has the size the CPU's
+// oneDNN kernel chooses, which no meta kernel knows: the first call of each geometry runs on the
+// calling thread and records it; later ones are queued. Other dtypes, projections, no bias, packed
+// sequences, evaluation with autograd recording, and torch.backends.mkldnn off keep PyTorch's own
+// composite (the cells above). What a hardware team replaces: the two sequence bodies, with its
+// SDK's fused RNN layer (any workspace layout its backward agrees on), or the lstm registration, to
+// keep the cells.
 #include "aten/kernel_support.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/IListRef.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/dropout_ops.h>
+#include <ATen/ops/lstm_native.h>
+#include <ATen/ops/mkldnn_rnn_layer_backward_ops.h>
+#include <ATen/ops/mkldnn_rnn_layer_ops.h>
+#include <ATen/ops/stack_ops.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
+#include <map>
+#include <mutex>
 #include <tuple>
 
 namespace {{ cookiecutter.device }}::rnn {
@@ -322,9 +345,198 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_
   return {grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias};
 }
 
+namespace {
+
+constexpr int64_t kLstmMode = 2;  // mkldnn_rnn_layer's mode argument for an LSTM (the CPU's value)
+
+bool all_float(at::TensorList tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.scalar_type() != c10::kFloat || !t.is_privateuseone()) return false;
+  }
+  return true;
+}
+
+// Whether aten::lstm.input can run as the CPU runs it (one mkldnn_rnn_layer per layer and direction).
+bool sequence_path(const at::Tensor& input, at::TensorList hx, at::TensorList params, bool has_biases,
+                   int64_t num_layers, bool train, bool bidirectional) {
+  const int64_t directions = bidirectional ? 2 : 1;
+  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  if (!has_biases || input.dim() != 3 || input.numel() == 0 || hx.size() != 2) return false;
+  if (static_cast<int64_t>(params.size()) != 4 * num_layers * directions) return false;  // 5 with proj_size
+  if (!all_float({input}) || !all_float(hx) || !all_float(params)) return false;
+  if (hx[0].dim() != 3 || hx[0].size(0) != num_layers * directions || hx[0].size(2) != params[1].size(1)) return false;
+  return train || !c10::GradMode::is_enabled();  // evaluation that records autograd: the workspace is train's
+}
+
+}  // namespace
+
+// ---- a layer's whole sequence: aten::mkldnn_rnn_layer and its backward --------------------------
+
+namespace {
+
+// The workspace the CPU kernel returns for a geometry: its size and dtype (numel -1: none).
+struct Workspace {
+  int64_t numel = -1;
+  c10::ScalarType type = c10::kByte;
+};
+std::mutex workspaces_mu;
+std::map<std::vector<int64_t>, Workspace> workspaces;
+
+std::vector<int64_t> geometry(const at::Tensor& input, const at::Tensor& w0, const at::Tensor& w1, bool reverse,
+                              c10::IntArrayRef batch_sizes, int64_t mode, int64_t hidden_size, int64_t num_layers,
+                              bool has_biases, bool bidirectional, bool batch_first, bool train) {
+  std::vector<int64_t> key(input.sizes().begin(), input.sizes().end());
+  key.insert(key.end(), w0.sizes().begin(), w0.sizes().end());
+  key.insert(key.end(), w1.sizes().begin(), w1.sizes().end());
+  key.insert(key.end(), {static_cast<int64_t>(input.scalar_type()), reverse, mode, hidden_size, num_layers, has_biases,
+                         bidirectional, batch_first, train, -1});
+  key.insert(key.end(), batch_sizes.begin(), batch_sizes.end());
+  return key;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rnn_layer(
+    const at::Tensor& input, const at::Tensor& w0, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+    const at::Tensor& hx, const at::Tensor& cx, bool reverse, c10::IntArrayRef batch_sizes, int64_t mode,
+    int64_t hidden_size, int64_t num_layers, bool has_biases, bool bidirectional, bool batch_first, bool train) {
+  const c10::Device device =
+      kernels::common_device("aten::mkldnn_rnn_layer", kernels::CpuArgs::rejected, input, w0, w1, w2, w3, hx, cx);
+  c10::DeviceGuard guard(device);
+  namespace k = kernels;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> meta;
+  bool queue = k::on_meta([&] {
+    meta = at::_ops::mkldnn_rnn_layer::call(k::meta_like(input), k::meta_like(w0), k::meta_like(w1), k::meta_like(w2),
+                                            k::meta_like(w3), k::meta_like(hx), k::meta_like(cx), reverse, batch_sizes,
+                                            mode, hidden_size, num_layers, has_biases, bidirectional, batch_first, train);
+  });
+  const std::vector<int64_t> key = geometry(input, w0, w1, reverse, batch_sizes, mode, hidden_size, num_layers,
+                                            has_biases, bidirectional, batch_first, train);
+  std::optional<Workspace> known;
+  {
+    std::lock_guard<std::mutex> lock(workspaces_mu);
+    auto it = workspaces.find(key);
+    if (it != workspaces.end()) known = it->second;
+  }
+  queue = queue && known.has_value();  // else run on the calling thread, and learn the workspace's size
+  at::Tensor output, hy, cy, workspace;
+  if (queue) {
+    output = k::empty_like_meta(std::get<0>(meta), device);
+    hy = k::empty_like_meta(std::get<1>(meta), device);
+    cy = k::empty_like_meta(std::get<2>(meta), device);
+    if (known->numel >= 0) workspace = new_output({known->numel}, known->type);
+  }
+  k::launch(device, "aten::mkldnn_rnn_layer", queue,
+            [input_h = k::held(input), w0_h = k::held(w0), w1_h = k::held(w1), w2_h = k::held(w2), w3_h = k::held(w3),
+             hx_h = k::held(hx), cx_h = k::held(cx), batch = k::keep(batch_sizes), out_h = k::held(output),
+             hy_h = k::held(hy), cy_h = k::held(cy), ws_h = k::held(workspace), reverse, mode, hidden_size, num_layers,
+             has_biases, bidirectional, batch_first, train]() mutable {
+              auto r = at::_ops::mkldnn_rnn_layer::call(input_h.get(), w0_h.get(), w1_h.get(), w2_h.get(), w3_h.get(),
+                                                        hx_h.get(), cx_h.get(), reverse, k::pass(batch), mode,
+                                                        hidden_size, num_layers, has_biases, bidirectional, batch_first,
+                                                        train);
+              k::copy_result(out_h.get(), std::get<0>(r));
+              k::copy_result(hy_h.get(), std::get<1>(r));
+              k::copy_result(cy_h.get(), std::get<2>(r));
+              if (std::get<3>(r).defined()) k::copy_result(ws_h.get(), std::get<3>(r));
+            });
+  if (!known.has_value()) {
+    Workspace seen;
+    if (workspace.defined()) seen = Workspace{workspace.numel(), workspace.scalar_type()};
+    std::lock_guard<std::mutex> lock(workspaces_mu);
+    workspaces.emplace(key, seen);
+  }
+  return {output, hy, cy, workspace};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rnn_layer_backward(
+    const at::Tensor& input, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3, const at::Tensor& w4,
+    const at::Tensor& hx, const at::Tensor& cx_tmp, const at::Tensor& output, const at::Tensor& hy,
+    const at::Tensor& cy, const std::optional<at::Tensor>& grad_output, const std::optional<at::Tensor>& grad_hy,
+    const std::optional<at::Tensor>& grad_cy, bool reverse, int64_t mode, int64_t hidden_size, int64_t num_layers,
+    bool has_biases, bool train, bool bidirectional, c10::IntArrayRef batch_sizes, bool batch_first,
+    const at::Tensor& workspace) {
+  const c10::Device device =
+      kernels::common_device("aten::mkldnn_rnn_layer_backward", kernels::CpuArgs::rejected, input, w1, w2, w3, w4, hx,
+                             cx_tmp, output, hy, cy, grad_output, grad_hy, grad_cy, workspace);
+  c10::DeviceGuard guard(device);
+  namespace k = kernels;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> meta;
+  const bool queue = k::on_meta([&] {
+    meta = at::_ops::mkldnn_rnn_layer_backward::call(
+        k::meta_like(input), k::meta_like(w1), k::meta_like(w2), k::meta_like(w3), k::meta_like(w4), k::meta_like(hx),
+        k::meta_like(cx_tmp), k::meta_like(output), k::meta_like(hy), k::meta_like(cy), k::meta_like(grad_output),
+        k::meta_like(grad_hy), k::meta_like(grad_cy), reverse, mode, hidden_size, num_layers, has_biases, train,
+        bidirectional, batch_sizes, batch_first, k::meta_like(workspace));
+  });
+  at::Tensor g0 = k::empty_like_meta(std::get<0>(meta), device), g1 = k::empty_like_meta(std::get<1>(meta), device),
+             g2 = k::empty_like_meta(std::get<2>(meta), device), g3 = k::empty_like_meta(std::get<3>(meta), device),
+             g4 = k::empty_like_meta(std::get<4>(meta), device), g5 = k::empty_like_meta(std::get<5>(meta), device),
+             g6 = k::empty_like_meta(std::get<6>(meta), device);
+  k::launch(device, "aten::mkldnn_rnn_layer_backward", queue,
+            [input_h = k::held(input), w1_h = k::held(w1), w2_h = k::held(w2), w3_h = k::held(w3), w4_h = k::held(w4),
+             hx_h = k::held(hx), cx_h = k::held(cx_tmp), out_h = k::held(output), hy_h = k::held(hy),
+             cy_h = k::held(cy), go_h = k::held(grad_output), ghy_h = k::held(grad_hy), gcy_h = k::held(grad_cy),
+             ws_h = k::held(workspace), batch = k::keep(batch_sizes), g0_h = k::held(g0), g1_h = k::held(g1),
+             g2_h = k::held(g2), g3_h = k::held(g3), g4_h = k::held(g4), g5_h = k::held(g5), g6_h = k::held(g6),
+             reverse, mode, hidden_size, num_layers, has_biases, train, bidirectional, batch_first]() mutable {
+              auto r = at::_ops::mkldnn_rnn_layer_backward::call(
+                  input_h.get(), w1_h.get(), w2_h.get(), w3_h.get(), w4_h.get(), hx_h.get(), cx_h.get(), out_h.get(),
+                  hy_h.get(), cy_h.get(), go_h.get(), ghy_h.get(), gcy_h.get(), reverse, mode, hidden_size,
+                  num_layers, has_biases, train, bidirectional, k::pass(batch), batch_first, ws_h.get());
+              k::copy_result(g0_h.get(), std::get<0>(r));
+              k::copy_result(g1_h.get(), std::get<1>(r));
+              k::copy_result(g2_h.get(), std::get<2>(r));
+              k::copy_result(g3_h.get(), std::get<3>(r));
+              k::copy_result(g4_h.get(), std::get<4>(r));
+              k::copy_result(g5_h.get(), std::get<5>(r));
+              k::copy_result(g6_h.get(), std::get<6>(r));
+            });
+  return {g0, g1, g2, g3, g4, g5, g6};
+}
+
+// aten::lstm.input, for AutogradPrivateUse1 (autograd records each mkldnn_rnn_layer it calls) and for
+// PrivateUse1 (inference mode, below autograd).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
+                                                    bool has_biases, int64_t num_layers, double dropout, bool train,
+                                                    bool bidirectional, bool batch_first) {
+  if (!sequence_path(input, hx, params, has_biases, num_layers, train, bidirectional)) {
+    return at::native::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
+  }
+  const int64_t directions = bidirectional ? 2 : 1;
+  const int64_t hidden = params[1].size(1);
+  const at::Tensor h0 = hx[0].contiguous(), c0 = hx[1].contiguous();
+  at::Tensor layer_input = (batch_first ? input.transpose(0, 1) : input).contiguous();
+  std::vector<at::Tensor> hy, cy;
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    std::vector<at::Tensor> outputs;
+    for (int64_t direction = 0; direction < directions; ++direction) {
+      const int64_t index = layer * directions + direction;
+      const at::Tensor* w = &params[4 * index];  // weight_ih, weight_hh, bias_ih, bias_hh
+      auto result = at::_ops::mkldnn_rnn_layer::call(layer_input, w[0], w[1], w[2], w[3], h0[index], c0[index],
+                                                     /*reverse=*/direction == 1, /*batch_sizes=*/{}, kLstmMode, hidden,
+                                                     num_layers, has_biases, bidirectional, /*batch_first=*/false, train);
+      outputs.push_back(std::get<0>(result));
+      hy.push_back(std::get<1>(result));
+      cy.push_back(std::get<2>(result));
+    }
+    layer_input = directions == 1 ? outputs[0] : at::_ops::cat::call(outputs, -1);
+    if (dropout != 0 && train && layer + 1 < num_layers) layer_input = at::_ops::dropout::call(layer_input, dropout, true);
+  }
+  at::Tensor output = batch_first ? layer_input.transpose(0, 1) : layer_input;
+  return {output, at::_ops::stack::call(hy, 0), at::_ops::stack::call(cy, 0)};
+}
+
 }  // namespace {{ cookiecutter.device }}::rnn
 
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("lstm.input", TORCH_FN({{ cookiecutter.device }}::rnn::lstm));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("lstm.input", TORCH_FN({{ cookiecutter.device }}::rnn::lstm));
+  m.impl("mkldnn_rnn_layer", TORCH_FN({{ cookiecutter.device }}::rnn::rnn_layer));
+  m.impl("mkldnn_rnn_layer_backward", TORCH_FN({{ cookiecutter.device }}::rnn::rnn_layer_backward));
   m.impl("_thnn_fused_lstm_cell", TORCH_FN({{ cookiecutter.device }}::rnn::lstm_cell));
   m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN({{ cookiecutter.device }}::rnn::lstm_cell_backward));
   m.impl("_thnn_fused_gru_cell", TORCH_FN({{ cookiecutter.device }}::rnn::gru_cell));
