@@ -279,8 +279,8 @@ def test_an_lstm_in_inference_mode_matches_cpu():
     dev = copy.deepcopy(lstm).to(DEVICE)
     with torch.inference_mode(), torch.profiler.profile() as prof:  # a dispatch mode would see lstm alone
         got = dev(x.to(DEVICE))[0]
-    calls = collections.Counter({e.key: e.count for e in prof.key_averages()})
-    assert calls["aten::mkldnn_rnn_layer"] == 2 and calls["aten::_thnn_fused_lstm_cell"] == 0, calls
+    calls = collections.Counter({e.key: e.count for e in prof.key_averages()})  # the kernels' CPU calls too
+    assert calls["aten::mkldnn_rnn_layer"] >= 2 and calls["aten::_thnn_fused_lstm_cell"] == 0, calls
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
