@@ -126,6 +126,9 @@ def test_a_signal_from_outside_while_add_op_waits_rolls_back(rendered_copy, tmp_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a terminal's SIGHUP: a session started under nohup ignores it, a child inherits that, and
+        # backendgen then keeps it ignored (as nohup asks): the test wants a terminal's default
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while ("add-op:written", proc.pid) not in _phases(log):
