@@ -221,7 +221,7 @@ def _held_stream(timeout_s: float = 10.0):
     other streams may wait too: the hold is host work on the stream); the host does not wait. A test
     looks at what is still pending for as long as it needs, with no fixed sleep. A call in the block
     that waits for the stream returns only after the timeout, and the block then raises
-    AssertionError as it ends, naming it. Needs the driver's "host_tasks" capability."""
+    AssertionError as it ends. Needs the driver's "host_tasks" capability."""
     _require("host_tasks", "_held_stream")
     token = _C.hold(int(timeout_s * 1_000_000))
     try:
