@@ -1,13 +1,13 @@
 """The template's own C++ kernels are launches, as generated ones are: they decide their outputs on
 the host, queue their computation on the current stream and return without waiting for it.
 
-Each case holds the stream (`_held_stream`: nothing queued on it runs until the block ends), calls a kernel written by hand in csrc/aten/ (the fused
-LSTM and GRU cells and their backward, scaled dot-product attention and its backward, a matmul with
-out_dtype=, histc, the SyncBatchNorm statistics operators, batch norm), and records an event: if the
-kernel had waited for the stream to drain, it would return only once the hold timed out, and the event
-would be complete. Then
-the results are compared with the CPU. On a driver without queued host work (the minimal driver)
-every kernel runs before the call returns, and these tests skip.
+Each case holds the stream (`_held_stream`: nothing queued on it runs until the block ends), calls a
+kernel written by hand in csrc/aten/ (the fused LSTM and GRU cells and their backward, scaled
+dot-product attention and its backward, a matmul with out_dtype=, histc, the SyncBatchNorm
+statistics operators, batch norm), and records an event: a kernel that waited for the stream to
+drain would return only once the hold timed out, the event would be complete, and the hold fails
+the block. Then the results are compared with the CPU. On a driver without queued host work (the
+minimal driver) every kernel runs before the call returns, and these tests skip.
 """
 
 import pytest
