@@ -178,6 +178,12 @@ def _listed_paths(files: dict[str, Path], m: Manifest) -> list[str]:
     return problems
 
 
+def _both_ways(made: set[str], listed: set[str], unlisted, unmade) -> list[str]:
+    """What the files make that the manifest does not list (`unlisted`'s message for each), then what
+    it lists that they do not make (`unmade`'s), each sorted."""
+    return [unlisted(x) for x in sorted(made - listed)] + [unmade(x) for x in sorted(listed - made)]
+
+
 def _point_registrations(point: IntegrationPoint, texts: dict[str, str]) -> list[str]:
     """What a point's C++ files register, define and register statically, against what the manifest lists."""
     problems = []
@@ -192,31 +198,24 @@ def _point_registrations(point: IntegrationPoint, texts: dict[str, str]) -> list
             found_def |= defs
             found_static |= statics
     for key in sorted(set(found_reg) | set(point.registers)):
-        listed, made = set(point.registers.get(key, ())), found_reg.get(key, set())
-        problems += [
-            f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list"
-            for op in sorted(made - listed)
-        ]
-        problems += [
-            f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register"
-            for op in sorted(listed - made)
-        ]
-    problems += [
-        f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list"
-        for op in sorted(found_def - set(point.defines))
-    ]
-    problems += [
-        f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make"
-        for op in sorted(set(point.defines) - found_def)
-    ]
-    problems += [
-        f"{point.name}: static registration {s} is not in {MANIFEST_FILE}"
-        for s in sorted(found_static - set(point.statics))
-    ]
-    problems += [
-        f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make"
-        for s in sorted(set(point.statics) - found_static)
-    ]
+        problems += _both_ways(
+            found_reg.get(key, set()),
+            set(point.registers.get(key, ())),
+            lambda op, key=key: f"{point.name}: registers {op} at {key}, which {MANIFEST_FILE} does not list",
+            lambda op, key=key: f"{point.name}: {MANIFEST_FILE} lists {op} at {key}, which its files do not register",
+        )
+    problems += _both_ways(
+        found_def,
+        set(point.defines),
+        lambda op: f"{point.name}: defines {op}, which {MANIFEST_FILE} does not list",
+        lambda op: f"{point.name}: {MANIFEST_FILE} lists the definition of {op}, which its files do not make",
+    )
+    problems += _both_ways(
+        found_static,
+        set(point.statics),
+        lambda s: f"{point.name}: static registration {s} is not in {MANIFEST_FILE}",
+        lambda s: f"{point.name}: {MANIFEST_FILE} lists the static registration {s}, which its files do not make",
+    )
     return problems
 
 
