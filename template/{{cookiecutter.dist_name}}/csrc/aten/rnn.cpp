@@ -349,7 +349,8 @@ namespace {
 
 constexpr int64_t kLstmMode = 2;  // mkldnn_rnn_layer's mode argument for an LSTM (the CPU's value)
 
-bool all_float(at::TensorList tensors) {
+// Every tensor defined, float32 and on the device.
+bool float_on_device(at::TensorList tensors) {
   for (const at::Tensor& t : tensors) {
     if (!t.defined() || t.scalar_type() != c10::kFloat || !t.is_privateuseone()) return false;
   }
@@ -363,7 +364,7 @@ bool sequence_path(const at::Tensor& input, at::TensorList hx, at::TensorList pa
   if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
   if (!has_biases || input.dim() != 3 || input.numel() == 0 || hx.size() != 2) return false;
   if (static_cast<int64_t>(params.size()) != 4 * num_layers * directions) return false;  // 5 with proj_size
-  if (!all_float({input}) || !all_float(hx) || !all_float(params)) return false;
+  if (!float_on_device({input}) || !float_on_device(hx) || !float_on_device(params)) return false;
   if (hx[0].dim() != 3 || hx[0].size(0) != num_layers * directions || hx[0].size(2) != params[1].size(1)) return false;
   return train || !c10::GradMode::is_enabled();  // evaluation that records autograd: the workspace is train's
 }
