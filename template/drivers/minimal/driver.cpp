@@ -160,6 +160,9 @@ const char* status_string(Status s) {
       return "the device was initialised before fork(); use the 'spawn' multiprocessing start method";
     case Status::launch_failed: return "work queued on the device failed";
     case Status::not_supported: return "not supported by this driver";
+    case Status::capture_unsupported: return "operation not permitted when stream is capturing";
+    case Status::capture_invalidated: return "the graph capture was invalidated";
+    case Status::capture_unjoined: return "a stream forked from the capture did not join back";
   }
   return "unknown status";
 }
@@ -448,6 +451,7 @@ const char* capability_name(Capability capability) {
     case Capability::spin: return "spin";
     case Capability::memory_limit: return "memory_limit";
     case Capability::tracing: return "tracing";
+    case Capability::graphs: return "graphs";
   }
   return "unknown";
 }
@@ -463,5 +467,17 @@ void release_stream(int, int64_t, const char*) {}
 Status spin(int, int64_t, int64_t) { return Status::not_supported; }
 
 Status set_memory_limit(int, size_t) { return Status::not_supported; }
+
+Status begin_capture(int, int64_t, CaptureMode) { return Status::not_supported; }
+Status end_capture(int, int64_t, void** graph) {
+  *graph = nullptr;
+  return Status::not_supported;
+}
+uint64_t capture_id(int, int64_t) { return 0; }
+Status graph_instantiate(void*, void**) { return Status::not_supported; }
+Status graph_launch(void*, int, int64_t) { return Status::not_supported; }
+Status graph_exec_destroy(void*) { return Status::not_supported; }
+Status graph_destroy(void*) { return Status::not_supported; }
+Status graph_debug_dump(void*, const char*) { return Status::not_supported; }
 
 }  // namespace {{ cookiecutter.device }}::driver

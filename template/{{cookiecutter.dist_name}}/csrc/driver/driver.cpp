@@ -144,6 +144,11 @@ const char* status_string(Status s) {
       return "the device was initialised before fork(); use the 'spawn' multiprocessing start method";
     case Status::launch_failed: return last_launch_error();
     case Status::not_supported: return "not supported by this driver";
+    case Status::capture_unsupported:
+    case Status::capture_invalidated: return emulator::last_capture_error();
+    case Status::capture_unjoined:
+      return "a stream forked from the capture (it waited for an event recorded in it) did not join back: make the "
+             "capturing stream wait for it before the capture ends";
   }
   return "unknown status";
 }
@@ -217,7 +222,11 @@ Status free(void* ptr, int* device, size_t* bytes) {
   if (ptr == nullptr) return Status::ok;
   MemoryState& s = memory();
   const int owner = pointer_device(ptr);
-  if (owner >= 0) streams_impl::wait_for_queued_work(owner);  // queued kernels may still read it
+  if (owner >= 0) {
+    Status refused = emulator::refuse_unsafe_call(owner, "freeing device memory");
+    if (refused != Status::ok) return refused;
+    streams_impl::wait_for_queued_work(owner);
+  }  // queued kernels may still read it
   Allocation a{};
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -306,6 +315,7 @@ const char* capability_name(Capability capability) {
     case Capability::spin: return "spin";
     case Capability::memory_limit: return "memory_limit";
     case Capability::tracing: return "tracing";
+    case Capability::graphs: return "graphs";
   }
   return "unknown";
 }

@@ -31,6 +31,9 @@ enum class Status : int {
   forked,         // the device was initialised before fork(); the child cannot use it
   launch_failed,  // queued work failed; reported by the next call that waits for the stream
   not_supported,  // an optional capability (below) the driver does not have
+  capture_unsupported,  // graphs: the call is not allowed while a stream is capturing (the capture is broken)
+  capture_invalidated,  // graphs: the capture was broken by an earlier call; end it and capture again
+  capture_unjoined,     // graphs: a stream forked from the capture did not join back before its end
 };
 const char* status_string(Status s);
 const char* last_launch_error();  // what the failed work reported
@@ -110,9 +113,10 @@ enum class Capability : int {
   spin,          // spin: work that keeps a stream busy (a test aid, torch.{{ cookiecutter.device }}._sleep)
   memory_limit,  // set_memory_limit: caps a device's memory (torch.{{ cookiecutter.device }}.set_memory_limit)
   tracing,       // set_tracing records activities (the profiler's device timeline)
+  graphs,        // stream capture and replay (torch.accelerator.Graph), as CUDA graphs
 };
 constexpr Capability kCapabilities[] = {Capability::host_mapping, Capability::host_tasks, Capability::spin,
-                                        Capability::memory_limit, Capability::tracing};
+                                        Capability::memory_limit, Capability::tracing, Capability::graphs};
 bool has(Capability capability);
 const char* capability_name(Capability capability);  // "host_mapping", ...
 
@@ -134,5 +138,25 @@ Status spin(int device, int64_t stream, int64_t microseconds);
 
 // memory_limit: the device's capacity from now on (malloc fails past it).
 Status set_memory_limit(int device, size_t bytes);
+
+// graphs: stream capture, as CUDA's. Between begin_capture and end_capture, work launched on the
+// stream — and on any stream that waits for an event recorded in the capture, which joins it — is
+// recorded into a graph instead of run. A launched graph runs the recorded work, in its order, on
+// the memory it was captured on, as one unit of the stream it is launched on. During a capture,
+// a call that would wait for the capturing streams (synchronizing them or the device, a blocking
+// copy, hold_stream, querying them or an event recorded in the capture) returns
+// capture_unsupported and breaks the capture; so does a potentially unsafe call (work on the
+// default stream 0 of the device, free) made where the capture's mode forbids it: any thread
+// (global), the capturing thread (thread_local), nowhere (relaxed). A broken capture's end returns
+// capture_invalidated and no graph; the streams are usable again.
+enum class CaptureMode : int { global = 0, thread_local_ = 1, relaxed = 2 };
+Status begin_capture(int device, int64_t stream, CaptureMode mode);  // invalid_value on the default stream
+Status end_capture(int device, int64_t stream, void** graph);
+uint64_t capture_id(int device, int64_t stream);  // the capture the stream records into, or 0
+Status graph_instantiate(void* graph, void** exec);  // an executable copy, launchable many times
+Status graph_launch(void* exec, int device, int64_t stream);
+Status graph_exec_destroy(void* exec);
+Status graph_destroy(void* graph);
+Status graph_debug_dump(void* graph, const char* path);  // a readable (Graphviz dot) dump of the work
 
 }  // namespace {{ cookiecutter.device }}::driver

@@ -19,6 +19,11 @@ using driver::Status;
 // launched meanwhile queues behind it): the emulator's blocking copies.
 Status run_blocking(int device, int64_t stream, const char* name, const std::function<void()>& work);
 
+// Graphs: the message of the last call refused during a capture (status_string), and the check of
+// a potentially unsafe call (driver::free) against the captures under way on the device.
+const char* last_capture_error();
+Status refuse_unsafe_call(int device, const char* what);
+
 // Fork safety: an SDK has its own rules for fork().
 bool in_bad_fork();  // true in a child forked after the parent used a device
 void mark_forked();  // called by the emulator's own fork handler in the child

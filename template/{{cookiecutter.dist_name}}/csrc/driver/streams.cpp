@@ -23,10 +23,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <pthread.h>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -38,10 +41,16 @@ namespace streams_impl {
 
 using Clock = std::chrono::steady_clock;
 
-// One record of an event on a stream: done when the stream reaches it.
+struct Stream;
+
+// One record of an event on a stream: done when the stream reaches it. A record made on a capturing
+// stream is a point of the capture (`capture`, `by`, `node`): waiting for it joins the capture.
 struct Record {
   bool done = false;
   Clock::time_point when{};
+  uint64_t capture = 0;
+  Stream* by = nullptr;
+  size_t node = 0;  // the capture's nodes before it
 };
 
 struct Event {
@@ -59,6 +68,8 @@ struct Item {
   uint64_t correlation = 0;
 };
 
+struct Capture;
+
 struct Stream {
   int device = 0;
   int64_t id = 0;
@@ -71,9 +82,36 @@ struct Stream {
   bool sleeping = false;
   Clock::time_point wake{};
   int64_t sleep_start_ns = 0;
+  Capture* capture = nullptr;  // the capture it records into (graphs)
+  size_t own_last = 0;         // a stream forked into a capture: the capture's nodes up to its last one
+  size_t joined = 0;           // ... and up to the last one a stream of the capture waited for
 
   bool idle() const { return queue.empty() && !running && held == 0; }
   bool held_by_me() const { return held > 0 && holder == std::this_thread::get_id(); }
+};
+
+// Recorded work (graphs): an item as it was launched, on the stream it was launched on.
+struct Node {
+  Item::Kind kind = Item::work;
+  Activity::Kind activity = Activity::kernel;
+  const char* name = "";
+  std::function<void()> fn;
+  int64_t us = 0;
+  int64_t stream = 0;
+};
+
+// A capture under way: its origin stream, the streams forked into it, what it recorded so far.
+struct Capture {
+  uint64_t id = 0;
+  int device = 0;
+  Stream* origin = nullptr;
+  CaptureMode mode = CaptureMode::global;
+  std::thread::id thread;  // the thread that began it (thread_local mode)
+  std::vector<Node> nodes;
+  std::vector<Stream*> members;
+  std::vector<std::shared_ptr<Record>> records;
+  bool broken = false;
+  std::string why;  // the call that broke it
 };
 
 struct Device {
@@ -82,6 +120,7 @@ struct Device {
   int64_t next_id = 1;
   bool worker = false;
   bool busy = false;  // a batch of its work is running (on the worker or a waiting host thread)
+  std::vector<Capture*> captures;  // under way on its streams
 };
 
 struct State {
@@ -94,6 +133,8 @@ struct State {
   std::string error;
   std::atomic<bool> tracing{false};
   std::vector<Activity> activities;
+  uint64_t next_capture = 1;
+  std::string capture_error;  // what the last refused call during a capture was
 
   State() : devices(static_cast<size_t>(std::max(device_count(), 0))) {}
 };
@@ -203,6 +244,41 @@ void fail(State& s, const char* name, const char* what) {  // mu held
   if (s.failed) return;  // the first failure is the one to report
   s.failed = true;
   s.error = std::string("work queued on the device failed (") + (name ? name : "?") + "): " + what;
+}
+
+// Refuses a call during capture `c` (mu held): the capture is broken, and the call returns
+// capture_unsupported with a message naming it (status_string).
+Status refuse(State& s, Capture* c, const std::string& what) {
+  if (!c->broken) {
+    c->broken = true;
+    c->why = what;
+  }
+  s.capture_error = "operation not permitted when stream is capturing: " + what + " (stream " +
+                    std::to_string(c->origin->id) + " of device " + std::to_string(c->device) +
+                    " is capturing a graph; the capture is now invalid)";
+  return Status::capture_unsupported;
+}
+
+// A capture of the device whose mode forbids a potentially unsafe call on this thread: any thread
+// for global, its own thread for thread_local, none for relaxed (mu held).
+Capture* forbidding(State& s, int device) {
+  for (Capture* c : s.devices[device].captures) {
+    if (c->mode == CaptureMode::global) return c;
+    if (c->mode == CaptureMode::thread_local_ && c->thread == std::this_thread::get_id()) return c;
+  }
+  return nullptr;
+}
+
+Status refuse_unsafe(State& s, int device, const std::string& what) {
+  Capture* c = forbidding(s, device);
+  return c == nullptr ? Status::ok : refuse(s, c, what);
+}
+
+// The capture of a record made in one, still under way (mu held).
+Capture* capture_of(const Record& rec) {
+  return rec.capture != 0 && rec.by != nullptr && rec.by->capture != nullptr && rec.by->capture->id == rec.capture
+             ? rec.by->capture
+             : nullptr;
 }
 
 constexpr int64_t kSpinUs = 50;  // how long an idle worker watches for work before it sleeps
@@ -346,6 +422,25 @@ Status enqueue(int device, int64_t stream, Item item) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
+  if (st->capture != nullptr) {  // recorded into the graph, not run
+    Capture* c = st->capture;
+    if (c->broken) return Status::capture_invalidated;
+    Node n;
+    n.kind = item.kind;
+    n.activity = item.activity;
+    n.name = item.name;
+    n.fn = std::move(item.fn);
+    n.us = item.us;
+    n.stream = stream;
+    c->nodes.push_back(std::move(n));
+    st->own_last = c->nodes.size();
+    return Status::ok;
+  }
+  if (stream == 0 && !s.devices[device].captures.empty()) {
+    Status refused = refuse_unsafe(s, device, std::string("work launched on the default stream (") +
+                                                  (item.name != nullptr ? item.name : "?") + ")");
+    if (refused != Status::ok) return refused;
+  }
   if (item.kind == Item::work && st->held_by_me()) {
     // Launched from inside the stream's own current item: it is the next thing the stream runs.
     lock.unlock();
@@ -431,6 +526,11 @@ Status stream_synchronize(int device, int64_t stream) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
+  if (st->capture != nullptr) return refuse(s, st->capture, "synchronizing the capturing stream");
+  if (stream == 0 && !s.devices[device].captures.empty()) {
+    Status refused = refuse_unsafe(s, device, "synchronizing the default stream");
+    if (refused != Status::ok) return refused;
+  }
   if (!st->held_by_me()) wait_until_true(s, lock, device, [&] { return st->idle(); });
   return take_failure(s);
 }
@@ -441,6 +541,11 @@ Status device_synchronize(int device) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
+  if (!d.captures.empty()) {
+    Status refused = Status::ok;
+    for (Capture* c : d.captures) refused = refuse(s, c, "synchronizing the device");
+    return refused;
+  }
   wait_until_true(s, lock, device, [&] {
     return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
   });
@@ -451,19 +556,38 @@ Status stream_query(int device, int64_t stream) {
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  return find_stream(s, device, stream)->idle() ? Status::ok : Status::not_ready;
+  Stream* st = find_stream(s, device, stream);
+  if (st->capture != nullptr) return refuse(s, st->capture, "querying the capturing stream");
+  return st->idle() ? Status::ok : Status::not_ready;
 }
 
 Status stream_wait_event(int device, int64_t stream, void* event) {
   if (!valid_device(device)) return Status::invalid_device;
   std::shared_ptr<Record> rec;
   {
-    std::lock_guard<std::mutex> lock(state().mu);
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
     rec = static_cast<Event*>(event)->last;
     if (rec == nullptr || rec->done) return Status::ok;  // nothing to wait for
+    Stream* st = find_stream(s, device, stream);
+    if (Capture* c = capture_of(*rec)) {  // a point of a capture: the stream joins it
+      if (st->capture == nullptr) {
+        st->capture = c;
+        st->own_last = st->joined = 0;
+        c->members.push_back(st);
+      } else if (st->capture != c) {
+        return refuse(s, c, "a stream of another capture waiting for an event recorded in this one");
+      }
+      if (rec->by != st) rec->by->joined = std::max(rec->by->joined, rec->node);
+      return Status::ok;  // a graph runs its work in capture order: the dependency holds
+    }
+    // A capture cannot wait for work outside it: when the graph runs, that work was queued long
+    // before, and the wait at capture time orders nothing the graph needs.
+    if (st->capture != nullptr) return Status::ok;
   }
   Item item;
   item.kind = Item::wait;
+  item.name = "wait for an event";
   item.rec = std::move(rec);
   return enqueue(device, stream, std::move(item));
 }
@@ -477,6 +601,17 @@ Status memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int devic
   if (kind == CopyKind::host_to_host) {  // no device involved: nothing to order against
     std::memmove(dst, src, bytes);
     return Status::ok;
+  }
+  {
+    State& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (valid_device(device) && !s.devices[device].captures.empty()) {
+      Stream* st = find_stream(s, device, stream);
+      const char* what = kind == CopyKind::host_to_device   ? "a blocking copy (host to device)"
+                         : kind == CopyKind::device_to_host ? "a blocking copy (device to host: .item(), .cpu(), .tolist())"
+                                                            : "a blocking copy (device to device)";
+      if (st->capture != nullptr) return refuse(s, st->capture, what);
+    }
   }
   return emulator::run_blocking(device, stream, nullptr, [&] {
     const int64_t start = state().tracing ? now_ns() : 0;
@@ -525,8 +660,21 @@ Status event_record(void* event, int device, int64_t stream) {
   {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
-    static_cast<Event*>(event)->last = rec;
     Stream* st = find_stream(s, device, stream);
+    if (Capture* c = st->capture) {  // a point of the capture, not work
+      if (c->broken) return Status::capture_invalidated;
+      rec->capture = c->id;
+      rec->by = st;
+      rec->node = c->nodes.size();
+      c->records.push_back(rec);
+      static_cast<Event*>(event)->last = rec;
+      return Status::ok;
+    }
+    if (stream == 0 && !s.devices[device].captures.empty()) {
+      Status refused = refuse_unsafe(s, device, "recording an event on the default stream");
+      if (refused != Status::ok) return refused;
+    }
+    static_cast<Event*>(event)->last = rec;
     if (st->idle() || (st->held_by_me() && st->queue.empty())) {  // nothing queued before it
       rec->when = Clock::now();
       rec->done = true;
@@ -541,8 +689,12 @@ Status event_record(void* event, int device, int64_t stream) {
 }
 
 Status event_query(void* event) {
-  std::lock_guard<std::mutex> lock(state().mu);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
   const auto& rec = static_cast<Event*>(event)->last;
+  if (rec != nullptr && !rec->done) {
+    if (Capture* c = capture_of(*rec)) return refuse(s, c, "querying an event recorded in the capture");
+  }
   return rec == nullptr || rec->done ? Status::ok : Status::not_ready;
 }
 
@@ -550,6 +702,9 @@ Status event_synchronize(void* event) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   std::shared_ptr<Record> rec = static_cast<Event*>(event)->last;
+  if (rec != nullptr && !rec->done) {
+    if (Capture* c = capture_of(*rec)) return refuse(s, c, "synchronizing an event recorded in the capture");
+  }
   if (rec != nullptr) wait_until_true(s, lock, -1, [&] { return rec->done; });
   return take_failure(s);
 }
@@ -596,6 +751,16 @@ Status hold_stream(int device, int64_t stream) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
+  if (st->capture != nullptr) {
+    return refuse(s, st->capture,
+                  "waiting for the capturing stream (a host read of device memory such as .item() or .cpu(), "
+                  "a blocking copy, an operator whose result size depends on the data, or one run on the calling "
+                  "thread)");
+  }
+  if (stream == 0 && !s.devices[device].captures.empty()) {
+    Status refused = refuse_unsafe(s, device, "waiting for the default stream");
+    if (refused != Status::ok) return refused;
+  }
   if (st->held_by_me()) {
     ++st->held;
     return Status::ok;
@@ -656,3 +821,176 @@ Status spin(int device, int64_t stream, int64_t microseconds) {
 }
 
 }  // namespace {{ cookiecutter.device }}::driver
+
+// driver.h's optional capability graphs: stream capture (enqueue records the work of a capturing
+// stream as nodes, and the calls above refuse what would wait for it) and replay (a graph launch
+// is one item that runs the nodes in capture order).
+namespace {{ cookiecutter.device }}::driver {
+
+using namespace streams_impl;
+
+namespace {
+
+struct Graph {
+  int device = 0;
+  std::shared_ptr<const std::vector<Node>> nodes;
+};
+
+// Runs recorded nodes in their order (on the worker, as one item of the stream the graph runs on).
+void run_nodes(const std::vector<Node>& nodes) {
+  for (const Node& n : nodes) {
+    if (n.kind == Item::sleep) {
+      const auto until = Clock::now() + std::chrono::microseconds(n.us);
+      while (Clock::now() < until) cpu_relax();
+      continue;
+    }
+    if (n.kind != Item::work || !n.fn) continue;
+    try {
+      n.fn();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(n.name != nullptr ? n.name : "?") + ", in a graph: " + e.what());
+    }
+  }
+}
+
+}  // namespace
+
+Status begin_capture(int device, int64_t stream, CaptureMode mode) {
+  if (emulator::in_bad_fork()) return Status::forked;
+  if (!valid_device(device)) return Status::invalid_device;
+  Status started = init();
+  if (started != Status::ok) return started;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (stream == 0) {
+    s.capture_error = "a graph must be captured on a stream other than the default stream";
+    return Status::invalid_value;
+  }
+  Stream* st = find_stream(s, device, stream);
+  if (st->capture != nullptr) {
+    s.capture_error = "the stream is already capturing a graph";
+    return Status::invalid_value;
+  }
+  auto* c = new Capture();
+  c->id = s.next_capture++;
+  c->device = device;
+  c->origin = st;
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->members.push_back(st);
+  st->capture = c;
+  s.devices[device].captures.push_back(c);
+  return Status::ok;
+}
+
+Status end_capture(int device, int64_t stream, void** graph) {
+  *graph = nullptr;
+  if (!valid_device(device)) return Status::invalid_device;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Stream* st = find_stream(s, device, stream);
+  Capture* c = st->capture;
+  if (c == nullptr || c->origin != st) {
+    s.capture_error = "the stream is not capturing a graph (end the capture on the stream that began it)";
+    return Status::invalid_value;
+  }
+  bool unjoined = false;
+  for (Stream* m : c->members) {
+    if (m != st && m->own_last > m->joined) unjoined = true;
+    m->capture = nullptr;
+    m->own_last = m->joined = 0;
+  }
+  const auto now = Clock::now();
+  for (auto& rec : c->records) {  // points of the graph: nothing outside it waits for them
+    rec->done = true;
+    rec->when = now;
+  }
+  auto& list = s.devices[device].captures;
+  list.erase(std::remove(list.begin(), list.end(), c), list.end());
+  notify(s);
+  std::unique_ptr<Capture> ended(c);
+  if (c->broken) {
+    s.capture_error = "the graph capture was invalidated by an operation not permitted while capturing: " + c->why;
+    return Status::capture_invalidated;
+  }
+  if (unjoined) return Status::capture_unjoined;
+  auto* g = new Graph();
+  g->device = device;
+  g->nodes = std::make_shared<const std::vector<Node>>(std::move(c->nodes));
+  *graph = g;
+  return Status::ok;
+}
+
+uint64_t capture_id(int device, int64_t stream) {
+  if (!valid_device(device)) return 0;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.devices[device].captures.empty()) return 0;
+  const Stream* st = find_stream(s, device, stream);
+  return st->capture != nullptr ? st->capture->id : 0;
+}
+
+Status graph_instantiate(void* graph, void** exec) {
+  if (graph == nullptr) return Status::invalid_value;
+  *exec = new Graph(*static_cast<Graph*>(graph));  // shares the nodes: they never change
+  return Status::ok;
+}
+
+Status graph_launch(void* exec, int device, int64_t stream) {
+  if (exec == nullptr) return Status::invalid_value;
+  const auto* g = static_cast<Graph*>(exec);
+  if (g->device != device) return Status::invalid_device;
+  Item item;
+  item.name = "graph";
+  item.fn = [nodes = g->nodes] { run_nodes(*nodes); };
+  return enqueue(device, stream, std::move(item));
+}
+
+Status graph_exec_destroy(void* exec) {
+  delete static_cast<Graph*>(exec);  // a launch still queued keeps the nodes
+  return Status::ok;
+}
+
+Status graph_destroy(void* graph) {
+  delete static_cast<Graph*>(graph);
+  return Status::ok;
+}
+
+Status graph_debug_dump(void* graph, const char* path) {
+  if (graph == nullptr || path == nullptr) return Status::invalid_value;
+  const auto* g = static_cast<Graph*>(graph);
+  std::ofstream out(path);
+  if (!out) return Status::invalid_value;
+  out << "digraph graph_of_device_" << g->device << " {\n  node [shape=box];\n";
+  const std::vector<Node>& nodes = *g->nodes;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    std::string label = n.kind == Item::sleep ? "sleep " + std::to_string(n.us) + " us" : (n.name != nullptr ? n.name : "?");
+    for (size_t k = 0; (k = label.find('"', k)) != std::string::npos; k += 2) label.insert(k, "\\");
+    out << "  n" << i << " [label=\"" << i << ": " << label << "\\nstream " << n.stream << "\"];\n";
+    if (i > 0) out << "  n" << (i - 1) << " -> n" << i << ";\n";
+  }
+  out << "}\n";
+  return out ? Status::ok : Status::invalid_value;
+}
+
+}  // namespace {{ cookiecutter.device }}::driver
+
+namespace {{ cookiecutter.device }}::emulator {
+
+const char* last_capture_error() {
+  thread_local std::string copy;
+  std::lock_guard<std::mutex> lock(driver::streams_impl::state().mu);
+  copy = driver::streams_impl::state().capture_error;
+  return copy.c_str();
+}
+
+Status refuse_unsafe_call(int device, const char* what) {
+  if (device < 0 || device >= driver::device_count()) return Status::ok;
+  auto& s = driver::streams_impl::state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.devices[device].captures.empty()) return Status::ok;
+  return driver::streams_impl::refuse_unsafe(s, device, what);
+}
+
+}  // namespace {{ cookiecutter.device }}::emulator
