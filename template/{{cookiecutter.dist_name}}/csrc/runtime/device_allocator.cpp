@@ -17,6 +17,11 @@
 //     block be reused while s still reads it — a use-after-free the tests show on this device.
 //   - Small requests (up to 1 MiB) are cut from 2 MiB segments; larger ones get a segment each.
 //     Requests round up to 512 bytes.
+//   - Graph pools (runtime/graphs.cpp): while a graph captures, allocations on its streams come from
+//     its private pool (a pool key of its own in place of a stream), and blocks freed there return
+//     to it, as the work the graph replays keeps using them. A live pool's memory is never
+//     released; the last graph using it (pool=) gives it back (release_pool). Nothing is released
+//     to the driver during a capture (its free would be an unsafe call).
 //   - Out of memory: the cache is released and the allocation retried, then torch.OutOfMemoryError.
 //   - Statistics (allocated, reserved, active, requested; current, peak, totals) per device and
 //     pool back torch.accelerator.memory_* and torch.{{ cookiecutter.device }}.memory_*.
@@ -26,6 +31,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <map>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -66,7 +73,7 @@ struct Block {
   char* ptr = nullptr;
   size_t size = 0;       // rounded
   size_t requested = 0;  // as asked
-  int64_t stream = 0;    // the stream it was allocated on: its pool
+  int64_t stream = 0;    // the stream it was allocated on, or a graph's pool key (< 0): its pool
   Segment* segment = nullptr;
   bool allocated = false;
   std::vector<c10::Stream> uses;  // other streams recorded with record_stream while allocated
@@ -110,8 +117,13 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     const c10::DeviceIndex device = current_device();
     const c10::Device where(c10::DeviceType::PrivateUse1, device);
     if (nbytes == 0) return {nullptr, nullptr, &DeviceAllocator::deleter, where};
-    const int64_t stream = current_stream_id(device);
+    int64_t stream = current_stream_id(device);
+    const uint64_t capture = capturing_ > 0 ? driver::capture_id(device, stream) : 0;
     std::lock_guard<std::mutex> lock(mu_);
+    if (capture != 0) {
+      auto it = capture_pools_.find(capture);
+      if (it != capture_pools_.end()) stream = it->second;
+    }
     Block* b = take(device, stream, nbytes);
     blocks_.emplace(b->ptr, b);
     return {b->ptr, b->ptr, &DeviceAllocator::deleter, where};
@@ -173,6 +185,32 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   }
 
   static DeviceAllocator& instance();
+
+  // Graphs: the allocations on the streams of `capture` come from `pool` until the capture ends.
+  void begin_pool(c10::DeviceIndex device, uint64_t capture, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state(device);
+    auto it = pools_.find(pool);
+    if (it == pools_.end()) it = pools_.emplace(pool, PoolUse{next_pool_key_--, 0}).first;
+    it->second.users += 1;
+    capture_pools_[capture] = it->second.key;
+    capturing_ += 1;
+  }
+
+  void end_pool(uint64_t capture) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (capture_pools_.erase(capture) > 0) capturing_ -= 1;
+  }
+
+  // A graph no longer uses `pool`: with its last user gone, its unused memory goes back to the driver.
+  void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pools_.find(pool);
+    if (it == pools_.end() || --it->second.users > 0) return;
+    const int64_t key = it->second.key;
+    pools_.erase(it);
+    if (capturing_ == 0) release_segments(device, [key](const Segment* seg) { return seg->stream == key; });
+  }
 
   void free_block(void* ptr) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -307,7 +345,7 @@ class DeviceAllocator final : public c10::DeviceAllocator {
       d.stats.num_alloc_retries += 1;
       release_cached(device);
       s = driver::malloc(device, &ptr, size);
-      if (s == driver::Status::out_of_memory) {  // blocks waiting for streams: wait for them
+      if (s == driver::Status::out_of_memory && capturing_ == 0) {  // blocks waiting for streams: wait for them
         driver::device_synchronize(device);
         release_cached(device);
         s = driver::malloc(device, &ptr, size);
@@ -336,13 +374,23 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     return seg;
   }
 
-  // Returns every segment with no block in use to the driver (empty_cache, out-of-memory retries).
+  // Returns every segment with no block in use to the driver (empty_cache, out-of-memory retries),
+  // but a live graph pool's; nothing during a capture.
   void release_cached(c10::DeviceIndex device) {
+    if (capturing_ > 0) return;
+    release_segments(device, [this](const Segment* seg) {
+      return seg->stream >= 0 || std::none_of(pools_.begin(), pools_.end(),
+                                              [seg](const auto& p) { return p.second.key == seg->stream; });
+    });
+  }
+
+  template <typename Releasable>
+  void release_segments(c10::DeviceIndex device, Releasable releasable) {
     process_pending(device);
     DeviceState& d = state(device);
     for (auto it = d.segments.begin(); it != d.segments.end();) {
       Segment* seg = *it;
-      if (seg->busy > 0) {
+      if (seg->busy > 0 || !releasable(seg)) {
         ++it;
         continue;
       }
@@ -364,6 +412,14 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   std::mutex mu_;
   std::vector<DeviceState> devices_;
   std::unordered_map<void*, Block*> blocks_;  // allocated blocks by address
+  struct PoolUse {
+    int64_t key;  // the pool's blocks' `stream`
+    int users;    // graphs using it (captured into it or sharing it)
+  };
+  std::map<c10::MempoolId_t, PoolUse> pools_;
+  std::unordered_map<uint64_t, int64_t> capture_pools_;  // capture under way -> its pool key
+  int64_t next_pool_key_ = -1;
+  std::atomic<int> capturing_{0};
 };
 
 DeviceAllocator& DeviceAllocator::instance() {
@@ -378,6 +434,12 @@ void DeviceAllocator::deleter(void* ptr) {
 }  // namespace
 
 c10::Allocator* device_allocator() { return &DeviceAllocator::instance(); }
+
+void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t capture, c10::MempoolId_t pool) {
+  DeviceAllocator::instance().begin_pool(device, capture, pool);
+}
+void end_allocate_to_pool(uint64_t capture) { DeviceAllocator::instance().end_pool(capture); }
+void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool) { DeviceAllocator::instance().release_pool(device, pool); }
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, device_allocator())
 

@@ -108,7 +108,12 @@ const at::Generator& generator_for(const std::optional<at::Generator>& gen, c10:
   return gen.has_value() && gen->defined() ? *gen : default_generator(device.index());
 }
 
-Draw reserve_locked(const at::Generator& gen) { return device_impl(gen)->take(); }
+Draw reserve_locked(const at::Generator& gen) {
+  DeviceGenerator* impl = device_impl(gen);
+  Draw captured;
+  if (draw_in_capture(gen, &captured)) return captured;
+  return impl->take();
+}
 
 }  // namespace
 
@@ -131,6 +136,8 @@ at::Generator new_generator(c10::DeviceIndex index) {
 }
 
 at::Generator Draw::host() const {
+  const uint64_t seed = graph != nullptr ? graph->seed.load() : this->seed;
+  const uint64_t offset = graph != nullptr ? graph->base.load() + this->offset : this->offset;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   if (offset == 0) return gen;
   // Mersenne Twister's whole 624-word state, hashed from (seed, offset, word index): a 64-bit seed

@@ -4,7 +4,9 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 
@@ -21,9 +23,19 @@ at::Generator new_generator(c10::DeviceIndex index);
 // stream or thread it runs on — and two kernels never draw the same numbers. get_state/set_state
 // carry the pair as 16 bytes (torch.uint8): the seed, then the offset, each a little-endian
 // uint64 — CUDA's layout.
+// A graph's draws (runtime/graphs.cpp): the seed and base offset its replay reserved from one
+// generator, set in stream order as each replay starts.
+struct GraphDraws {
+  std::atomic<uint64_t> seed{0}, base{0};
+};
+
 struct Draw {
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // Captured in a graph: `offset` counts from the base each replay reserves (graph->base), and the
+  // seed is the generator's at that replay — CUDA's graph-safe (seed, offset): every replay draws
+  // fresh numbers, the ones eager calls would have drawn from the same state.
+  std::shared_ptr<const GraphDraws> graph;
   // The CPU generator the kernel draws with, derived from (seed, offset) alone: offset 0 is the CPU
   // generator seeded with `seed` (the first draw after manual_seed(s) is the CPU's after
   // torch.manual_seed(s)); any other offset, an engine state hashed from the pair.
@@ -33,6 +45,10 @@ struct Draw {
 // Reserves the next offset of `gen` (the device's default generator when `gen` is empty) for one
 // kernel on `device`, under the generator's lock.
 Draw reserve(const std::optional<at::Generator>& gen, c10::Device device);
+
+// Graph capture (runtime/graphs.cpp): the draw of a kernel launched on a stream capturing a graph,
+// relative to that graph's base for `gen` (the caller holds gen's lock); false outside a capture.
+bool draw_in_capture(const at::Generator& gen, Draw* draw);
 
 // For a random operator run on the calling thread (the CPU fallback): reserves one offset of a
 // device generator and lends the CPU kernel the generator derived from it. A caller that lends

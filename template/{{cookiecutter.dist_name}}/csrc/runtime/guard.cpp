@@ -202,6 +202,10 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     {{ cookiecutter.DEVICE }}_CHECK(driver::device_synchronize(device));
   }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  // torch.Stream.is_capturing(): whether the stream records into a graph (runtime/graphs.cpp)
+  bool isStreamCapturing(const c10::Stream& stream) const override {
+    return driver::capture_id(stream.device_index(), stream.id()) != 0;
+  }
 };
 
 }  // namespace

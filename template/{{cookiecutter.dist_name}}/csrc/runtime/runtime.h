@@ -45,6 +45,14 @@ int stream_priority(c10::DeviceIndex device, int64_t stream);
 std::pair<int, int> stream_priority_range();
 
 c10::Allocator* device_allocator();
+// Graph pools (runtime/graphs.cpp): allocations on the streams of a capture under way come from a
+// pool the graph keeps (begin/end), until the last graph using the pool releases it.
+void begin_allocate_to_pool(c10::DeviceIndex device, uint64_t capture, c10::MempoolId_t pool);
+void end_allocate_to_pool(uint64_t capture);
+void release_pool(c10::DeviceIndex device, c10::MempoolId_t pool);
+// Whether the calling thread's current stream on `device` records into a graph (cheap when no
+// graph captures anywhere).
+bool capturing(c10::DeviceIndex device);
 c10::Allocator* host_allocator();
 // Work queued on `stream` reads or writes the pinned block `block` (a host_allocator() DataPtr,
 // e.g. a non_blocking copy): the block is not handed out again until that work is done.
