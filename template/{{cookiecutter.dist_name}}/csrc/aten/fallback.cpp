@@ -1238,17 +1238,8 @@ void queue_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, const P
     call->outputs.emplace_back(out);
     results.emplace_back(out);
   }
-  kernels::launch(plan.device, plan.trust->label.c_str(), [call] {
-    // what the work made (host aliases, CPU results) goes when it ends, thrown or not
-    struct Release {
-      QueuedCall& c;
-      ~Release() {
-        c.held.clear();
-        c.outputs.clear();
-      }
-    } release{*call};
-    call->run();
-  });
+  // The work may run more than once (a graph replays it): what it made (host aliases) goes with it.
+  kernels::launch(plan.device, plan.trust->label.c_str(), [call] { call->run(); });
   torch::jit::drop(*stack, plan.nargs);
   for (c10::IValue& r : results) stack->push_back(std::move(r));
 }
@@ -1298,8 +1289,12 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
     queue_call(op, stack, *plan, *plan->cached);  // the same call was queued before: its meta pass holds
     return;
   }
-  if (plan.has_value() && !plan->first_sight) meta = run_meta(op, *stack, *plan);
-  if (meta.has_value() && plan->verdict == Verdict::trusted && queueable(*stack, *plan, *meta)) {
+  // During a graph capture nothing may wait for the stream: a call not yet judged is queued on its
+  // meta kernel's word (queued work still checks the sizes and dtypes it gets).
+  const bool capturing = plan.has_value() && runtime::capturing(runtime::current_device());
+  if (plan.has_value() && (!plan->first_sight || capturing)) meta = run_meta(op, *stack, *plan);
+  if (meta.has_value() && (plan->verdict == Verdict::trusted || (capturing && plan->verdict == Verdict::unknown)) &&
+      queueable(*stack, *plan, *meta)) {
     remember_meta(*plan, meta->results);
     queue_call(op, stack, *plan, meta->results);
     return;

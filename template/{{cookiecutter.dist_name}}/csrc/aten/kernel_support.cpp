@@ -373,11 +373,11 @@ StreamScope::StreamScope(c10::Device device, const char* name)
     : device_(device.index() >= 0 ? device.index() : runtime::current_device()),
       stream_(runtime::current_stream_id(static_cast<c10::DeviceIndex>(device_))),
       name_(name) {
-  if (has_host_tasks()) {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::hold_stream(device_, stream_));
-  } else {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::stream_synchronize(device_, stream_));
-  }
+  const driver::Status status =
+      has_host_tasks() ? driver::hold_stream(device_, stream_) : driver::stream_synchronize(device_, stream_);
+  // names the call: during a graph capture, the one that cannot be captured
+  TORCH_CHECK(status == driver::Status::ok, "{{ cookiecutter.device }}: ", name_ != nullptr ? name_ : "a call on the stream",
+              " waits for its stream, and the driver refused: ", driver::status_string(status));
   if (!host_mapped()) staging_ = std::make_unique<detail::StagingScope>(device_, stream_);
 }
 
