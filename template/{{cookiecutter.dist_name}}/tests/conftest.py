@@ -20,7 +20,7 @@ DEVICE = "{{ cookiecutter.device }}"
 
 
 # The driver's optional capabilities (csrc/driver/driver.h: host_mapping, host_tasks, spin,
-# memory_limit, tracing). A test that needs one is marked with requires(...) and skips, naming it,
+# memory_limit, tracing, graphs). A test that needs one is marked with requires(...) and skips, naming it,
 # on a driver without it (the minimal driver has none); nothing else depends on them.
 CAPABILITIES = getattr(torch, DEVICE).capabilities()
 

@@ -1,5 +1,6 @@
 """Device allocator statistics, out-of-memory, pinned host memory, threads."""
 
+import gc
 import threading
 
 import pytest
@@ -9,6 +10,7 @@ from tests.conftest import DEVICE, requires
 
 
 def test_allocator_stats(mod):
+    gc.collect()  # earlier tests' garbage (tensors in reference cycles) is not freed mid-test
     torch.accelerator.reset_peak_memory_stats(0)
     before = torch.accelerator.memory_allocated(0)
     x = torch.empty(1024, 1024, device=f"{DEVICE}:0")  # 4 MiB

@@ -4,7 +4,7 @@ Devices (is_available, device_count, current_device, set_device, the `device` co
 synchronize, init/is_initialized/_lazy_init — PyTorch's lazy initialisation through the runtime's
 hooks — properties), streams and events (`Stream`, `Event`, current_stream, stream(); FSDP's
 `fully_shard` and DTensor use them), memory (statistics, reserved bytes, capacity), the CPU fallback's counters, and — re-exported from their own
-modules — random number generation and autocast support. Everything PyTorch's own Python reads
+modules — random number generation, autocast support and graphs (graphs.py). Everything PyTorch's own Python reads
 from a device module is here (template.json "device_module" lists it; tests/test_device_module.py
 checks each; `backendgen check` names one a newer torch starts reading): `_initialized`, the
 flag activation checkpointing needs to save and restore the device's RNG state, and
@@ -25,6 +25,7 @@ from {{ cookiecutter.package }} import _C, _utils  # noqa: F401  (_utils: serial
 from {{ cookiecutter.package }} import storages as _storages
 from {{ cookiecutter.package }}._utils import device_index as _index
 from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
+from {{ cookiecutter.package }}.graphs import Graph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
 from {{ cookiecutter.package }}.random import (  # noqa: F401
     _get_generator,
     get_rng_state,
@@ -237,7 +238,7 @@ def _held_stream(timeout_s: float = 10.0):
 
 def capabilities() -> frozenset[str]:
     """The driver's optional capabilities (csrc/driver/driver.h): any of "host_mapping",
-    "host_tasks", "spin", "memory_limit" and "tracing". A test aid or feature that needs one
+    "host_tasks", "spin", "memory_limit", "tracing" and "graphs". A test aid or feature that needs one
     raises, or its test skips, naming it when the driver lacks it."""
     return frozenset(_C.capabilities())
 
