@@ -5,6 +5,7 @@
     python benchmarks/run.py --only small,fallback   # issue #31's two ratios alone (a build and seconds)
     python benchmarks/run.py --only training         # issue #44's three training steps (a build and a minute)
     python benchmarks/run.py --only loop             # issue #44's edit loop: cold build, new, add-op (minutes)
+    python benchmarks/run.py --only graphs           # issue #45's two graph figures (a build and seconds)
 
 Each figure is the median of --runs runs; ratios are measured side by side in the same process.
 Where valgrind is installed, the small-op comparison and the render are also counted in
@@ -48,6 +49,8 @@ TARGETS = {
     "train_gpt2_ratio": 1.2,
     "train_resnet18_ratio": 1.2,
     "train_lstm_ratio": 1.5,
+    "graph_chain_ratio": 0.5,
+    "graph_mlp_step_ratio": 1.0,
 }
 
 
@@ -222,9 +225,68 @@ TRAINING = textwrap.dedent(
 # loads the machine (a CPU kernel split over two threads waits for the slower one; the staging
 # copies run on one thread either way). erfinv, one input and a slow scalar kernel, is the
 # friendlier case and has no target.
+# Issue #45's two figures. graph_chain: 200 small-tensor operators (16 floats: native add and mul,
+# CPU-fallback sin), replayed from a torch.accelerator.Graph against the same chain run eagerly on
+# the device, each synchronized. graph_mlp_step: a captured AdamW (capturable) training step of a
+# small MLP (64x256 -> 512 -> 256, GELU) replayed on the device against the same eager step on the
+# CPU.
+GRAPHS = textwrap.dedent(
+    """
+    def graph_figures(dev, dev_sync):
+        a = torch.randn(16, device=dev)
+        def chain():
+            y = a
+            for i in range(50):
+                y = (y * 0.5 + 1.0).sin() + a
+            return y
+        for _ in range(3):
+            chain()
+        side = torch.Stream(device=dev)
+        side.wait_stream(torch.accelerator.current_stream())
+        g = torch.accelerator.Graph()
+        with side, g:
+            chain()
+        figures = {}
+        r = ratio(lambda: (g.replay(), dev_sync()), lambda: (chain(), dev_sync()), 20)
+        figures.update({"graph_chain_ratio": r[0], "graph_chain_replay_ms": r[1] * 1e3,
+                        "graph_chain_eager_ms": r[2] * 1e3})
+        torch.manual_seed(0)
+        def mlp():
+            return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256))
+        cpu_model = mlp()
+        dev_model = copy.deepcopy(cpu_model).to(dev)
+        x, t = torch.randn(64, 256), torch.randn(64, 256)
+        xd, td = x.to(dev), t.to(dev)
+        def stepper(m, opt, inp, target):
+            def step():
+                opt.zero_grad(set_to_none=True)
+                F.mse_loss(m(inp), target).backward()
+                opt.step()
+            return step
+        cpu_step = stepper(cpu_model, torch.optim.AdamW(cpu_model.parameters(), lr=1e-3), x, t)
+        dev_opt = torch.optim.AdamW(dev_model.parameters(), lr=1e-3, capturable=True)
+        dev_step = stepper(dev_model, dev_opt, xd, td)
+        with side:
+            for _ in range(3):
+                dev_step()
+        torch.accelerator.current_stream().wait_stream(side)
+        dev_opt.zero_grad(set_to_none=True)
+        gs = torch.accelerator.Graph()
+        with side, gs:
+            F.mse_loss(dev_model(xd), td).backward()
+            dev_opt.step()
+        r = ratio(lambda: (gs.replay(), dev_sync()), cpu_step, 5, repeat=7)
+        figures.update({"graph_mlp_step_ratio": r[0], "graph_mlp_step_replay_ms": r[1] * 1e3,
+                        "graph_mlp_step_cpu_ms": r[2] * 1e3})
+        return figures
+    """
+)
+
+
 ASYNC_BENCH = (
     _RATIO
     + TRAINING
+    + GRAPHS
     + textwrap.dedent(
         """
     parts = sys.argv[2].split(",")
@@ -269,6 +331,8 @@ ASYNC_BENCH = (
                     "fallback_erfinv_ratio": fe[0]})
     if "training" in parts:
         out.update(training_ratios(dev, dev_sync))
+    if "graphs" in parts:
+        out.update(graph_figures(dev, dev_sync))
     print(json.dumps(out))
     """
     )
@@ -391,7 +455,8 @@ def main() -> None:
         type=_parts,
         help="only these figures, comma-separated: small (the small-op round trips), "
         "fallback (a 1M-float operator through the CPU fallback), training (AdamW steps of a GPT-2, a ResNet-18 "
-        "and an LSTM), loop (cold build, new, add-op); a build and seconds (training: a minute; loop: minutes)",
+        "and an LSTM), loop (cold build, new, add-op), graphs (a replayed chain, a replayed training step); a build "
+        "and seconds (training: a minute; loop: minutes)",
     )
     args = ap.parse_args()
     device = "bench" + uuid.uuid4().hex[:6].translate(str.maketrans("0123456789", "ghijklmnop"))
@@ -494,7 +559,7 @@ def main() -> None:
     _report(res, tu, args.json)
 
 
-ASYNC_PARTS = ("small", "fallback", "training", "loop")
+ASYNC_PARTS = ("small", "fallback", "training", "loop", "graphs")
 
 
 def _loop_figures(device: str, work: Path, env: dict) -> tuple[dict[str, float], dict[str, float]]:
