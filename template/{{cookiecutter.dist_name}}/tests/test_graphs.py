@@ -346,3 +346,54 @@ def test_the_torch_cuda_style_helpers(mod):
 def test_a_driver_without_graphs_says_so():
     with pytest.raises(RuntimeError, match="capability 'graphs'"), torch.Stream(device=DEVICE), torch.accelerator.Graph():
         pass
+
+
+@graphs
+def test_make_graphed_callables_trains_as_the_eager_modules(mod):
+    """The partial-network capture of PyTorch's CUDA-graph notes: three graphed modules, a branch
+    on a host read between them, trained as their eager copies."""
+    torch.manual_seed(0)
+    modules = [torch.nn.Linear(8, 12), torch.nn.Linear(12, 4), torch.nn.Linear(12, 4)]
+    graphed = [m.to(DEVICE) for m in modules]
+    eager = [copy.deepcopy(m) for m in graphed]
+    x = torch.randn(16, 8, device=DEVICE)
+    h = torch.randn(16, 12, device=DEVICE, requires_grad=True)
+    graphed = [mod.make_graphed_callables(m, (args,)) for m, args in zip(graphed, (x, h, h))]
+    data = [(torch.randn(16, 8, device=DEVICE), torch.randn(16, 4, device=DEVICE)) for _ in range(5)]
+
+    def train(m1, m2, m3):
+        opt = torch.optim.SGD([p for m in (m1, m2, m3) for p in m.parameters()], lr=0.1)
+        losses = []
+        for inp, target in data:
+            opt.zero_grad(set_to_none=True)
+            tmp = m1(inp)
+            tmp = m2(tmp) if tmp.sum().item() > 0 else m3(tmp)
+            loss = torch.nn.functional.mse_loss(tmp, target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    assert train(*graphed) == pytest.approx(train(*eager), rel=1e-5)
+    for g, e in zip(graphed, eager):
+        for p, q in zip(g.parameters(), e.parameters()):
+            torch.testing.assert_close(p.cpu(), q.cpu())
+
+
+@graphs
+def test_make_graphed_callables_of_functions_sharing_a_pool(mod):
+    def f(a, b):
+        return (a * b).sin(), a + b
+
+    a, b = (torch.randn(5, device=DEVICE, requires_grad=True) for _ in range(2))
+    graphed_f, graphed_linear = mod.make_graphed_callables((f, torch.nn.Linear(5, 5).to(DEVICE)), ((a, b), (a,)))
+    a2, b2 = (torch.randn(5, device=DEVICE, requires_grad=True) for _ in range(2))
+    u, v = graphed_f(a2, b2)
+    (u.sum() + v.sum()).backward()
+    a3, b3 = (t.detach().clone().requires_grad_() for t in (a2, b2))
+    u3, v3 = f(a3, b3)
+    (u3.sum() + v3.sum()).backward()
+    torch.testing.assert_close(u.cpu(), u3.cpu())
+    torch.testing.assert_close(a2.grad.cpu(), a3.grad.cpu())
+    torch.testing.assert_close(b2.grad.cpu(), b3.grad.cpu())
+    assert graphed_linear(a2).shape == (5,)

@@ -25,7 +25,13 @@ from {{ cookiecutter.package }} import _C, _utils  # noqa: F401  (_utils: serial
 from {{ cookiecutter.package }} import storages as _storages
 from {{ cookiecutter.package }}._utils import device_index as _index
 from {{ cookiecutter.package }}.amp import get_amp_supported_dtype, is_bf16_supported  # noqa: F401
-from {{ cookiecutter.package }}.graphs import Graph, graph, graph_pool_handle, is_current_stream_capturing  # noqa: F401
+from {{ cookiecutter.package }}.graphs import (  # noqa: F401
+    Graph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from {{ cookiecutter.package }}.random import (  # noqa: F401
     _get_generator,
     get_rng_state,
