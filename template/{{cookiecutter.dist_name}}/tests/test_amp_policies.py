@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
+from tests.ops import harness
+
 DEVICE = "{{ cookiecutter.device }}"
 TABLE = json.loads((Path(__file__).resolve().parents[1] / "backendgen.json").read_text()).get("amp", {})
 LOW = torch.bfloat16
@@ -27,20 +29,26 @@ def _packet(name):
 
 
 def _opinfo_samples(name):
-    """(args, kwargs) of OpInfo samples of the operator's base name, float32 CPU tensors."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
+    """(args, kwargs) of OpInfo samples of the operator's base name, float32 CPU tensors (searched
+    once, then read from the operator tests' sample cache: harness.cached)."""
     base = name.partition(".")[0]
-    for info in op_db:
-        names = {info.name, info.name.rpartition(".")[2], getattr(info, "aten_name", None)}
-        if base not in names:
-            continue
-        try:
-            samples = list(info.sample_inputs("cpu", torch.float32))
-        except Exception:
-            continue
-        for s in samples:
-            yield (s.input, *s.args), dict(s.kwargs)
+
+    def search():
+        from torch.testing._internal.common_methods_invocations import op_db
+
+        found = []
+        for info in op_db:
+            names = {info.name, info.name.rpartition(".")[2], getattr(info, "aten_name", None)}
+            if base not in names:
+                continue
+            try:
+                samples = list(info.sample_inputs("cpu", torch.float32))
+            except Exception:
+                continue
+            found += [((s.input, *s.args), dict(s.kwargs)) for s in samples]
+        return found
+
+    return harness.cached(("amp", base), search)
 
 
 def _floating(x):
