@@ -203,6 +203,31 @@ def test_a_call_forbidden_during_capture_raises_and_leaves_the_device_usable(cal
 
 
 @graphs
+def test_a_stream_joined_by_an_event_is_captured_and_must_join_back(mod):
+    """Work forked to a second stream (it waits for the capturing stream) is part of the graph; the
+    capture must wait for it before it ends, else it fails naming the unjoined stream."""
+    x = torch.ones(8, device=DEVICE)
+    g = torch.accelerator.Graph()
+    with mod.graph(g):
+        side = torch.Stream(device=DEVICE)
+        side.wait_stream(torch.accelerator.current_stream())
+        with mod.stream(side):
+            y = x * 2
+        z = x + 1
+        torch.accelerator.current_stream().wait_stream(side)
+        w = y + z
+    x.fill_(3)
+    g.replay()
+    assert w.cpu().tolist() == [10.0] * 8
+    with pytest.raises(RuntimeError, match="did not join back"), mod.graph(torch.accelerator.Graph()):
+        forked = torch.Stream(device=DEVICE)
+        forked.wait_stream(torch.accelerator.current_stream())
+        with mod.stream(forked):
+            x.mul(5)
+    assert not forked.is_capturing() and (x * 2).cpu().tolist() == [6.0] * 8
+
+
+@graphs
 def test_a_capture_on_the_default_stream_raises():
     with pytest.raises(RuntimeError, match="default stream"), torch.accelerator.Graph():
         pass
