@@ -92,11 +92,7 @@ struct Stream {
 
 // Recorded work (graphs): an item as it was launched, on the stream it was launched on.
 struct Node {
-  Item::Kind kind = Item::work;
-  Activity::Kind activity = Activity::kernel;
-  const char* name = "";
-  std::function<void()> fn;
-  int64_t us = 0;
+  Item item;
   int64_t stream = 0;
 };
 
@@ -274,6 +270,13 @@ Status refuse_unsafe(State& s, int device, const std::string& what) {
   return c == nullptr ? Status::ok : refuse(s, c, what);
 }
 
+// Refuses `what` (with `name`, the work's) on the default stream 0 of a device where a capture
+// forbids potentially unsafe calls on this thread (mu held); ok elsewhere.
+Status refuse_on_default_stream(State& s, int device, int64_t stream, const char* what, const char* name = nullptr) {
+  if (stream != 0 || s.devices[device].captures.empty()) return Status::ok;
+  return refuse_unsafe(s, device, name == nullptr ? std::string(what) : std::string(what) + " (" + name + ")");
+}
+
 // The capture of a record made in one, still under way (mu held).
 Capture* capture_of(const Record& rec) {
   return rec.capture != 0 && rec.by != nullptr && rec.by->capture != nullptr && rec.by->capture->id == rec.capture
@@ -414,32 +417,29 @@ void worker(int device) {
   }
 }
 
-Status enqueue(int device, int64_t stream, Item item) {
+// Whether `device` can take work now: not in a bad fork, a device of the machine, the driver started.
+Status usable(int device) {
   if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
-  Status started = init();
-  if (started != Status::ok) return started;
+  return init();
+}
+
+Status enqueue(int device, int64_t stream, Item item) {
+  if (Status ready = usable(device); ready != Status::ok) return ready;
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
   if (st->capture != nullptr) {  // recorded into the graph, not run
     Capture* c = st->capture;
     if (c->broken) return Status::capture_invalidated;
-    Node n;
-    n.kind = item.kind;
-    n.activity = item.activity;
-    n.name = item.name;
-    n.fn = std::move(item.fn);
-    n.us = item.us;
-    n.stream = stream;
-    c->nodes.push_back(std::move(n));
+    c->nodes.push_back(Node{std::move(item), stream});
     st->own_last = c->nodes.size();
     return Status::ok;
   }
-  if (stream == 0 && !s.devices[device].captures.empty()) {
-    Status refused = refuse_unsafe(s, device, std::string("work launched on the default stream (") +
-                                                  (item.name != nullptr ? item.name : "?") + ")");
-    if (refused != Status::ok) return refused;
+  if (Status refused = refuse_on_default_stream(s, device, stream, "work launched on the default stream",
+                                                item.name != nullptr ? item.name : "?");
+      refused != Status::ok) {
+    return refused;
   }
   if (item.kind == Item::work && st->held_by_me()) {
     // Launched from inside the stream's own current item: it is the next thing the stream runs.
@@ -527,9 +527,8 @@ Status stream_synchronize(int device, int64_t stream) {
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
   if (st->capture != nullptr) return refuse(s, st->capture, "synchronizing the capturing stream");
-  if (stream == 0 && !s.devices[device].captures.empty()) {
-    Status refused = refuse_unsafe(s, device, "synchronizing the default stream");
-    if (refused != Status::ok) return refused;
+  if (Status refused = refuse_on_default_stream(s, device, stream, "synchronizing the default stream"); refused != Status::ok) {
+    return refused;
   }
   if (!st->held_by_me()) wait_until_true(s, lock, device, [&] { return st->idle(); });
   return take_failure(s);
@@ -670,9 +669,8 @@ Status event_record(void* event, int device, int64_t stream) {
       static_cast<Event*>(event)->last = rec;
       return Status::ok;
     }
-    if (stream == 0 && !s.devices[device].captures.empty()) {
-      Status refused = refuse_unsafe(s, device, "recording an event on the default stream");
-      if (refused != Status::ok) return refused;
+    if (Status refused = refuse_on_default_stream(s, device, stream, "recording an event on the default stream"); refused != Status::ok) {
+      return refused;
     }
     static_cast<Event*>(event)->last = rec;
     if (st->idle() || (st->held_by_me() && st->queue.empty())) {  // nothing queued before it
@@ -757,9 +755,8 @@ Status hold_stream(int device, int64_t stream) {
                   "a blocking copy, an operator whose result size depends on the data, or one run on the calling "
                   "thread)");
   }
-  if (stream == 0 && !s.devices[device].captures.empty()) {
-    Status refused = refuse_unsafe(s, device, "waiting for the default stream");
-    if (refused != Status::ok) return refused;
+  if (Status refused = refuse_on_default_stream(s, device, stream, "waiting for the default stream"); refused != Status::ok) {
+    return refused;
   }
   if (st->held_by_me()) {
     ++st->held;
@@ -839,16 +836,17 @@ struct Graph {
 // Runs recorded nodes in their order (on the worker, as one item of the stream the graph runs on).
 void run_nodes(const std::vector<Node>& nodes) {
   for (const Node& n : nodes) {
-    if (n.kind == Item::sleep) {
-      const auto until = Clock::now() + std::chrono::microseconds(n.us);
+    const Item& item = n.item;
+    if (item.kind == Item::sleep) {
+      const auto until = Clock::now() + std::chrono::microseconds(item.us);
       while (Clock::now() < until) cpu_relax();
       continue;
     }
-    if (n.kind != Item::work || !n.fn) continue;
+    if (item.kind != Item::work || !item.fn) continue;
     try {
-      n.fn();
+      item.fn();
     } catch (const std::exception& e) {
-      throw std::runtime_error(std::string(n.name != nullptr ? n.name : "?") + ", in a graph: " + e.what());
+      throw std::runtime_error(std::string(item.name != nullptr ? item.name : "?") + ", in a graph: " + e.what());
     }
   }
 }
@@ -856,10 +854,7 @@ void run_nodes(const std::vector<Node>& nodes) {
 }  // namespace
 
 Status begin_capture(int device, int64_t stream, CaptureMode mode) {
-  if (emulator::in_bad_fork()) return Status::forked;
-  if (!valid_device(device)) return Status::invalid_device;
-  Status started = init();
-  if (started != Status::ok) return started;
+  if (Status ready = usable(device); ready != Status::ok) return ready;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (stream == 0) {
@@ -965,7 +960,9 @@ Status graph_debug_dump(void* graph, const char* path) {
   const std::vector<Node>& nodes = *g->nodes;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = nodes[i];
-    std::string label = n.kind == Item::sleep ? "sleep " + std::to_string(n.us) + " us" : (n.name != nullptr ? n.name : "?");
+    const Item& item = n.item;
+    std::string label =
+        item.kind == Item::sleep ? "sleep " + std::to_string(item.us) + " us" : (item.name != nullptr ? item.name : "?");
     for (size_t k = 0; (k = label.find('"', k)) != std::string::npos; k += 2) label.insert(k, "\\");
     out << "  n" << i << " [label=\"" << i << ": " << label << "\\nstream " << n.stream << "\"];\n";
     if (i > 0) out << "  n" << (i - 1) << " -> n" << i << ";\n";
