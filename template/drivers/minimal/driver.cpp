@@ -452,6 +452,7 @@ const char* capability_name(Capability capability) {
     case Capability::memory_limit: return "memory_limit";
     case Capability::tracing: return "tracing";
     case Capability::graphs: return "graphs";
+    case Capability::ipc: return "ipc";
   }
   return "unknown";
 }
@@ -479,5 +480,12 @@ Status graph_launch(void*, int, int64_t) { return Status::not_supported; }
 Status graph_exec_destroy(void*) { return Status::not_supported; }
 Status graph_destroy(void*) { return Status::not_supported; }
 Status graph_debug_dump(void*, const char*) { return Status::not_supported; }
+
+Status ipc_export(const void*, IpcHandle*, size_t*, size_t*) { return Status::not_supported; }
+Status ipc_open(int, const IpcHandle&, void** base) {
+  *base = nullptr;
+  return Status::not_supported;
+}
+Status ipc_close(void*) { return Status::not_supported; }
 
 }  // namespace {{ cookiecutter.device }}::driver

@@ -1,11 +1,12 @@
 // Emulated implementation of driver.h, part 1: devices and memory (streams.cpp has the rest), with
-// every optional capability: host_mapping and memory_limit here, the others in streams.cpp.
+// every optional capability: host_mapping, memory_limit and ipc here, the others in streams.cpp.
 //
 // Device memory is host memory that the host cannot touch by accident. Each driver allocation is a
 // memory file mapped twice: the device address handed out is mapped with no access at all (a
 // kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
 // real accelerator), and a second, read-write mapping is what driver::host_address (host_mapping) returns to
-// the driver and to the kernels it runs. The emulator also keeps the table of live allocations
+// the driver and to the kernels it runs. The memory file stays open with the allocation: it is what
+// ipc_export hands another process, which maps the same file (ipc_open). The emulator also keeps the table of live allocations
 // (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
 // 512M or 16G) and a current device per thread.
 //
@@ -15,6 +16,8 @@
 #include "driver/driver.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +61,9 @@ struct Allocation {
   size_t bytes;   // as requested (what the capacity counts)
   size_t mapped;  // page-rounded length of both mappings
   char* host;     // the driver's read-write mapping of the same pages
+  int fd;         // the memory file (ipc_export's descriptor)
+  bool imported;  // mapped by ipc_open from another process's allocation (ipc_close, not free)
+  uint64_t serial;
 };
 
 struct MemoryState {
@@ -69,6 +75,7 @@ struct MemoryState {
   std::atomic<bool> initialized{false};  // a device was used in this process
   std::atomic<bool> bad_fork{false};
   size_t page = 4096;
+  uint64_t serial = 0;  // numbers this process's allocations (in an ipc handle)
 
   MemoryState() {
     if (const char* env = std::getenv("{{ cookiecutter.DEVICE }}_DEVICE_COUNT")) {
@@ -80,6 +87,12 @@ struct MemoryState {
     used.assign(count, 0);
     long p = sysconf(_SC_PAGESIZE);
     if (p > 0) page = static_cast<size_t>(p);
+    // every allocation keeps its memory file open: allow as many descriptors as the system does
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &files);
+    }
   }
 };
 
@@ -114,14 +127,10 @@ const std::pair<const char* const, Allocation>* find(const void* ptr) {
   return p < it->first + it->second.mapped ? &*it : nullptr;
 }
 
-// Two mappings of one memory file: `device` with no access, `host` read-write.
-bool map_twice(size_t length, char** device, char** host) {
-  int fd = memfd_create("{{ cookiecutter.device }}-device-memory", MFD_CLOEXEC);
-  if (fd < 0) return false;
-  bool ok = ftruncate(fd, static_cast<off_t>(length)) == 0;
-  void* d = ok ? mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0) : MAP_FAILED;
+// Two mappings of memory file `fd`: `device` with no access, `host` read-write.
+bool map_twice(int fd, size_t length, char** device, char** host) {
+  void* d = mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0);
   void* h = d != MAP_FAILED ? mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-  close(fd);  // the mappings keep the file
   if (h == MAP_FAILED) {
     if (d != MAP_FAILED) munmap(d, length);
     return false;
@@ -129,6 +138,15 @@ bool map_twice(size_t length, char** device, char** host) {
   *device = static_cast<char*>(d);
   *host = static_cast<char*>(h);
   return true;
+}
+
+// A new memory file of `length` bytes mapped twice; its descriptor in *fd.
+bool map_new(size_t length, int* fd, char** device, char** host) {
+  *fd = memfd_create("{{ cookiecutter.device }}-device-memory", MFD_CLOEXEC);
+  if (*fd < 0) return false;
+  if (ftruncate(*fd, static_cast<off_t>(length)) == 0 && map_twice(*fd, length, device, host)) return true;
+  close(*fd);
+  return false;
 }
 
 }  // namespace
@@ -202,14 +220,15 @@ Status malloc(int device, void** ptr, size_t bytes) {
   const size_t length = (bytes + s.page - 1) / s.page * s.page;
   char* dev = nullptr;
   char* host = nullptr;
-  if (!map_twice(length, &dev, &host)) {
+  int fd = -1;
+  if (!map_new(length, &fd, &dev, &host)) {
     std::lock_guard<std::mutex> lock(s.mu);
     s.used[device] -= bytes;
     return Status::out_of_memory;
   }
   std::lock_guard<std::mutex> lock(s.mu);
   s.initialized = true;
-  s.allocations.emplace(dev, Allocation{device, bytes, length, host});
+  s.allocations.emplace(dev, Allocation{device, bytes, length, host, fd, false, ++s.serial});
   *ptr = dev;
   return Status::ok;
 }
@@ -231,7 +250,7 @@ Status free(void* ptr, int* device, size_t* bytes) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.allocations.find(static_cast<const char*>(ptr));
-    if (it == s.allocations.end()) return Status::invalid_value;
+    if (it == s.allocations.end() || it->second.imported) return Status::invalid_value;
     a = it->second;
     s.used[a.device] -= a.bytes;
     s.allocations.erase(it);
@@ -240,6 +259,7 @@ Status free(void* ptr, int* device, size_t* bytes) {
   if (bytes != nullptr) *bytes = a.bytes;
   munmap(ptr, a.mapped);
   munmap(a.host, a.mapped);
+  close(a.fd);
   return Status::ok;
 }
 
@@ -316,6 +336,7 @@ const char* capability_name(Capability capability) {
     case Capability::memory_limit: return "memory_limit";
     case Capability::tracing: return "tracing";
     case Capability::graphs: return "graphs";
+    case Capability::ipc: return "ipc";
   }
   return "unknown";
 }
@@ -333,6 +354,80 @@ Status set_memory_limit(int device, size_t bytes) {
   MemoryState& s = memory();
   std::lock_guard<std::mutex> lock(s.mu);
   s.limit[device] = bytes;
+  return Status::ok;
+}
+
+// ipc: a handle is the allocation's memory file (the descriptor) and what the opener checks it
+// against: a tag, the mapped length, the exporting process and the allocation's number.
+namespace {
+constexpr char kIpcTag[8] = "{{ cookiecutter.device[:7] }}";
+struct IpcBytes {
+  char tag[8];
+  uint64_t mapped, pid, serial;
+};
+static_assert(sizeof(IpcBytes) <= sizeof(IpcHandle::bytes));
+}  // namespace
+
+Status ipc_export(const void* ptr, IpcHandle* handle, size_t* offset, size_t* bytes) {
+  MemoryState& s = memory();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto* entry = find(ptr);
+  if (entry == nullptr) return Status::invalid_value;
+  IpcBytes b{};
+  std::memcpy(b.tag, kIpcTag, sizeof(b.tag));
+  b.mapped = entry->second.mapped;
+  b.pid = static_cast<uint64_t>(getpid());
+  b.serial = entry->second.serial;
+  *handle = IpcHandle{};
+  std::memcpy(handle->bytes, &b, sizeof(b));
+  handle->fd = entry->second.fd;
+  *offset = static_cast<size_t>(static_cast<const char*>(ptr) - entry->first);
+  *bytes = entry->second.mapped;
+  return Status::ok;
+}
+
+Status ipc_open(int device, const IpcHandle& handle, void** base) {
+  *base = nullptr;
+  if (!valid(device)) return Status::invalid_device;
+  MemoryState& s = memory();
+  if (s.bad_fork) return Status::forked;
+  IpcBytes b{};
+  std::memcpy(&b, handle.bytes, sizeof(b));
+  struct stat st{};
+  if (std::memcmp(b.tag, kIpcTag, sizeof(b.tag)) != 0 || handle.fd < 0 || fstat(handle.fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) != b.mapped) {
+    if (handle.fd >= 0) close(handle.fd);
+    return Status::invalid_value;
+  }
+  char* dev = nullptr;
+  char* host = nullptr;
+  if (!map_twice(handle.fd, b.mapped, &dev, &host)) {
+    close(handle.fd);
+    return Status::out_of_memory;
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.initialized = true;
+  // not counted against the capacity: the memory is the exporter's
+  s.allocations.emplace(dev, Allocation{device, 0, b.mapped, host, handle.fd, true, ++s.serial});
+  *base = dev;
+  return Status::ok;
+}
+
+Status ipc_close(void* base) {
+  MemoryState& s = memory();
+  const int owner = pointer_device(base);
+  if (owner >= 0) streams_impl::wait_for_queued_work(owner);  // queued kernels may still use it
+  Allocation a{};
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.allocations.find(static_cast<const char*>(base));
+    if (it == s.allocations.end() || !it->second.imported) return Status::invalid_value;
+    a = it->second;
+    s.allocations.erase(it);
+  }
+  munmap(base, a.mapped);
+  munmap(a.host, a.mapped);
+  close(a.fd);
   return Status::ok;
 }
 

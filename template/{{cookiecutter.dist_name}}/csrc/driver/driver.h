@@ -114,9 +114,11 @@ enum class Capability : int {
   memory_limit,  // set_memory_limit: caps a device's memory (torch.{{ cookiecutter.device }}.set_memory_limit)
   tracing,       // set_tracing records activities (the profiler's device timeline)
   graphs,        // stream capture and replay (torch.accelerator.Graph), as CUDA graphs
+  ipc,           // device memory shared with other processes (torch.multiprocessing), as CUDA IPC
 };
 constexpr Capability kCapabilities[] = {Capability::host_mapping, Capability::host_tasks, Capability::spin,
-                                        Capability::memory_limit, Capability::tracing, Capability::graphs};
+                                        Capability::memory_limit, Capability::tracing, Capability::graphs,
+                                        Capability::ipc};
 bool has(Capability capability);
 const char* capability_name(Capability capability);  // "host_mapping", ...
 
@@ -158,5 +160,25 @@ Status graph_launch(void* exec, int device, int64_t stream);
 Status graph_exec_destroy(void* exec);
 Status graph_destroy(void* graph);
 Status graph_debug_dump(void* graph, const char* path);  // a readable (Graphviz dot) dump of the work
+
+// ipc: device memory another process of the same machine can use, as CUDA's IPC memory handles.
+// ipc_export describes the allocation containing `ptr` (any address inside memory from malloc or
+// ipc_open) as a handle another process can open: opaque bytes, and an OS file descriptor when the
+// SDK shares memory through one (a dma-buf, a memory file; -1 when it does not). The descriptor
+// stays the driver's and valid while the allocation lives: the backend duplicates it to send it.
+// `offset` is ptr's offset in the allocation, `bytes` the allocation's size. ipc_open, in another
+// process, maps the allocation of a handle (the descriptor, if any, is now the driver's: it closes
+// it) and returns its base address on `device` of this process: device memory as malloc's, that
+// kernels, copies and host_address use, the same bytes the exporter sees, which stay valid until
+// ipc_close even if the exporting process exits. ipc_close unmaps it (free refuses it); work
+// queued on the memory must be done first. Ordering across processes is the backend's: it waits
+// for the device before it exports, and a process synchronizes before it tells another to read.
+struct IpcHandle {
+  unsigned char bytes[64] = {};
+  int fd = -1;
+};
+Status ipc_export(const void* ptr, IpcHandle* handle, size_t* offset, size_t* bytes);
+Status ipc_open(int device, const IpcHandle& handle, void** base);
+Status ipc_close(void* base);
 
 }  // namespace {{ cookiecutter.device }}::driver
