@@ -1,7 +1,11 @@
 """Process-level behaviour: clean interpreter exit, fork without re-initialisation, autoload turned
-off, and a process where another backend holds PrivateUse1."""
+off, a process where another backend holds PrivateUse1, and a device tensor sent to another process
+by a driver that cannot share device memory (the sharing itself: tests/distributed/test_ipc.py)."""
 
+import json
 import os
+
+import pytest
 
 from tests.conftest import DEVICE, fresh_process
 
@@ -91,3 +95,17 @@ def test_another_backend_holding_private_use1_is_refused_without_an_abort():
     out = AUTOLOAD_OFF.result()
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "refused:", "True", "warned:", "True", "2.0"], out.stdout
+
+
+UNSUPPORTED_SHARING = fresh_process("from tests.distributed.ipc_workers import main; main('unsupported', 'spawn')")
+
+
+def test_a_driver_without_ipc_raises_naming_it_instead_of_waiting():
+    run = UNSUPPORTED_SHARING.result()
+    assert run.returncode == 0, run.stderr[-4000:]
+    s = json.loads(run.stdout.strip().splitlines()[-1])
+    if s["supported"]:
+        pytest.skip(f"the {DEVICE} driver has the 'ipc' capability (driver.h)")
+    assert s["error"] is not None and s["error"].startswith("RuntimeError"), s
+    assert "'ipc'" in s["error"] and "driver.h" in s["error"]
+    assert s["child_exit"] == 0

@@ -4,7 +4,8 @@ Importing this package loads the C++ runtime (allocators, device guard, hooks, k
 fallback — all registered when the library loads), names the PrivateUse1 backend
 "{{ cookiecutter.device }}", registers `torch.{{ cookiecutter.device }}` and generates the tensor, module and storage methods
 (`tensor.{{ cookiecutter.device }}()`, `.is_{{ cookiecutter.device }}`, `module.{{ cookiecutter.device }}()`), registers the collective backend
-"{{ cookiecutter.device }}ccl" for torch.distributed (distributed.py), and makes the device known to
+"{{ cookiecutter.device }}ccl" for torch.distributed (distributed.py), lets torch.multiprocessing share device
+tensors between processes (ipc.py), and makes the device known to
 torch.compile once Dynamo or Inductor is imported (compiler/). Plain `import torch` does all
 of this through the `torch.backends` entry point ({{ cookiecutter.package }}_autoload.py).
 """
@@ -42,6 +43,7 @@ from {{ cookiecutter.package }} import _exit  # noqa: E402
 from {{ cookiecutter.package }} import compiler as _compiler  # noqa: E402
 from {{ cookiecutter.package }} import device_module as _device_module  # noqa: E402
 from {{ cookiecutter.package }} import distributed as _distributed  # noqa: E402
+from {{ cookiecutter.package }} import ipc as _ipc  # noqa: E402
 
 
 def _register() -> None:
@@ -56,5 +58,6 @@ def _register() -> None:
 
 _register()
 _distributed.register()  # the c10d backend for torch.distributed (distributed.py)
+_ipc.register()  # device tensors through torch.multiprocessing (ipc.py)
 _compiler.install()
 _exit.install()

@@ -4,7 +4,7 @@ Devices (is_available, device_count, current_device, set_device, the `device` co
 synchronize, init/is_initialized/_lazy_init — PyTorch's lazy initialisation through the runtime's
 hooks — properties), streams and events (`Stream`, `Event`, current_stream, stream(); FSDP's
 `fully_shard` and DTensor use them), memory (statistics, reserved bytes, capacity), the CPU fallback's counters, and — re-exported from their own
-modules — random number generation, autocast support and graphs (graphs.py). Everything PyTorch's own Python reads
+modules — random number generation, autocast support, graphs (graphs.py) and ipc_collect (ipc.py). Everything PyTorch's own Python reads
 from a device module is here (template.json "device_module" lists it; tests/test_device_module.py
 checks each; `backendgen check` names one a newer torch starts reading): `_initialized`, the
 flag activation checkpointing needs to save and restore the device's RNG state, and
@@ -32,6 +32,7 @@ from {{ cookiecutter.package }}.graphs import (  # noqa: F401
     is_current_stream_capturing,
     make_graphed_callables,
 )
+from {{ cookiecutter.package }}.ipc import ipc_collect  # noqa: F401
 from {{ cookiecutter.package }}.random import (  # noqa: F401
     _get_generator,
     get_rng_state,
@@ -244,7 +245,7 @@ def _held_stream(timeout_s: float = 10.0):
 
 def capabilities() -> frozenset[str]:
     """The driver's optional capabilities (csrc/driver/driver.h): any of "host_mapping",
-    "host_tasks", "spin", "memory_limit", "tracing" and "graphs". A test aid or feature that needs one
+    "host_tasks", "spin", "memory_limit", "tracing", "graphs" and "ipc". A test aid or feature that needs one
     raises, or its test skips, naming it when the driver lacks it."""
     return frozenset(_C.capabilities())
 
@@ -358,6 +359,9 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def empty_cache() -> None:
+    """Release the cached blocks no tensor uses, and first the storages sent to other processes that
+    no receiver holds any more (ipc.py)."""
+    ipc_collect()
     torch.accelerator.empty_cache()
 
 
