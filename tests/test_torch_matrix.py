@@ -5,10 +5,11 @@ built once per session, no extras), then in an empty directory `backendgen new` 
 with the minimal driver, `--driver minimal`, whose model suite then runs too), `add-op` of a few
 operators (structured ones included), an operator of the backend's own with a backward, an autograd
 override and an autocast policy and `check`, each through the real command, and (for each torch
-but the default one, whose compile tests the session runs itself) the project's torch.compile
-tests with that torch's Dynamo and Inductor, as `pytest -m compile`. Then the upgrade:
-a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or changed, checked
-under 2.14.1, fixed with the steps of docs/upgrading.md.
+but the default one, whose compile and multi-process tests the session runs itself) the project's
+torch.compile tests with that torch's Dynamo and Inductor, as `pytest -m compile`, and its tests of
+device tensors shared through that torch's torch.multiprocessing (tests/distributed/test_ipc.py).
+Then the upgrade: a project built on torch 2.13.0 with kernels for operators 2.14.1 removed or
+changed, checked under 2.14.1, fixed with the steps of docs/upgrading.md.
 
 Slow: every session installs every torch in new virtualenvs (the CUDA builds are ~5 GB each; see README,
 "Supported torch versions"). Each virtualenv is made once per session, in the background from the
@@ -123,7 +124,8 @@ def _new_add_op_check(venvs, tmp: Path, version: str) -> None:
             _minimal_driver_project(venv, project, device)
         # torch.compile on the device with this torch's Dynamo and Inductor (compiler/ in the project),
         # as the generated README runs it (`backendgen test --compile`, which first reruns the quick
-        # suite `new` just ran, is the session's own test on the default torch: tests/test_compile.py)
+        # suite `new` just ran, is the session's own test on the default torch: tests/test_compile.py),
+        # and device tensors through this torch's torch.multiprocessing (tests/distributed/test_ipc.py)
         if version != support.TESTED[0]:
             compiled = venv.run(
                 str(venv.python),
@@ -139,6 +141,22 @@ def _new_add_op_check(venvs, tmp: Path, version: str) -> None:
             )
             assert compiled.returncode == 0 and " passed" in compiled.stdout and "failed" not in compiled.stdout, (
                 compiled.stdout[-4000:] + compiled.stderr[-2000:]
+            )
+            shared = venv.run(
+                str(venv.python),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "distributed",
+                "tests/distributed/test_ipc.py",
+                cwd=project,
+            )
+            # every scenario ran (none skipped) with both start methods
+            assert shared.returncode == 0 and "10 passed" in shared.stdout and "skipped" not in shared.stdout, (
+                shared.stdout[-4000:] + shared.stderr[-2000:]
             )
     finally:
         venv.uninstall_backends()  # one PrivateUse1 backend per environment: leave room for the next test
