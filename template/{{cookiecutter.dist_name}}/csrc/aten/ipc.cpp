@@ -18,8 +18,9 @@
 #include <c10/core/Storage.h>
 #include <torch/library.h>
 
+#include <unistd.h>
+
 #include <atomic>
-#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -77,10 +78,16 @@ std::tuple<std::vector<int64_t>, int64_t, int64_t, int64_t> ipc_export(const at:
 
 at::Tensor ipc_open(c10::IntArrayRef raw, int64_t fd, int64_t device, int64_t offset, int64_t nbytes,
                     const at::Tensor& counters, int64_t slot) {
-  check_capability();
-  runtime::check_device(static_cast<c10::DeviceIndex>(device));
   driver::IpcHandle handle;
-  TORCH_CHECK(raw.size() == sizeof(handle.bytes), "ipc_open: a handle has ", sizeof(handle.bytes), " bytes");
+  try {
+    check_capability();
+    runtime::check_device(static_cast<c10::DeviceIndex>(device));
+    TORCH_CHECK(raw.size() == sizeof(handle.bytes), "ipc_open: a handle has ", sizeof(handle.bytes), " bytes");
+    TORCH_CHECK(offset >= 0 && nbytes >= 0, "ipc_open: a negative offset or size");
+  } catch (...) {
+    if (fd >= 0) ::close(static_cast<int>(fd));  // the descriptor is this call's until the driver takes it
+    throw;
+  }
   for (size_t i = 0; i < raw.size(); ++i) handle.bytes[i] = static_cast<unsigned char>(raw[i]);
   handle.fd = static_cast<int>(fd);
   void* base = nullptr;
