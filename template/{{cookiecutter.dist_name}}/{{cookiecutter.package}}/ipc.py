@@ -21,9 +21,10 @@ PyTorch hard-codes CUDA in torch/multiprocessing/reductions.py, so this module r
 reductions for torch.Tensor, Parameter and UntypedStorage with the ForkingPickler (after torch's,
 which `import torch` installs) and hands every other tensor to torch's. `share_memory_()` is a
 no-op for device tensors, as for CUDA's: their memory is shareable already. With a driver that lacks
-`ipc`, the receiver's unpickling raises a RuntimeError that names the capability (the sender's
-pickling runs in a Queue's feeder thread, whose errors nobody sees, so the error travels with the
-message instead of leaving the receiver waiting). What a hardware team replaces: nothing here.
+`ipc`, sending a device tensor raises a RuntimeError that names the capability: in the sender (a
+Process's arguments, a Pipe, a Pool's tasks), or, for a Queue, in the receiver as it unpickles the
+message (a Queue pickles in its feeder thread, whose errors are only printed: the error travels with
+the message instead of leaving the receiver waiting). What a hardware team replaces: nothing here.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def _refuse(message: str):
     raise RuntimeError(message)
 
 
+def _refusal() -> tuple:
+    """A driver without ipc: raise where the sender sees it, or make the receiver raise."""
+    if threading.current_thread().name == "QueueFeederThread":  # multiprocessing.Queue's: errors only printed
+        return (_refuse, (_UNSUPPORTED,))
+    raise RuntimeError(_UNSUPPORTED)
+
+
 def _rebuild_storage(device: int, shared) -> torch.UntypedStorage:
     return _open(device, shared)
 
@@ -140,7 +148,7 @@ def _reduce_tensor(tensor: torch.Tensor):
     ):
         return _torch_reductions.reduce_tensor(tensor)
     if not is_supported():
-        return (_refuse, (_UNSUPPORTED,))
+        return _refusal()
     torch.utils.hooks.warn_if_has_hooks(tensor)
     device, shared = _share(tensor.untyped_storage())
     meta = (tensor.dtype, tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset(), tensor.requires_grad)
@@ -151,7 +159,7 @@ def _reduce_storage(storage: torch.UntypedStorage):
     if storage.device.type != DEVICE:
         return _torch_reductions.reduce_storage(storage)
     if not is_supported():
-        return (_refuse, (_UNSUPPORTED,))
+        return _refusal()
     return (_rebuild_storage, _share(storage))
 
 

@@ -185,10 +185,17 @@ def dataloader(method: str) -> dict:
 
 
 def unsupported(method: str) -> dict:
-    """A driver without ipc: the receiver gets an error naming the capability, and does not wait."""
+    """A driver without ipc: the sender of a Process's arguments gets an error naming the capability,
+    and so does the receiver of a Queue's message (the sender's feeder thread cannot raise), which
+    does not wait."""
     if "ipc" in module.capabilities():
         return {"supported": True}
     ctx = context(method)
+    try:
+        ctx.Process(target=make_and_send, args=(torch.ones(2, device=DEVICE), None)).start()
+        sent = None
+    except Exception as e:
+        sent = f"{type(e).__name__}: {e}"
     tensors, received = ctx.Queue(), ctx.Event()
     child = ctx.Process(target=make_and_send, args=(tensors, received))
     child.start()
@@ -199,7 +206,7 @@ def unsupported(method: str) -> dict:
         error = f"{type(e).__name__}: {e}"
     received.set()
     child.join(TIMEOUT)
-    return {"supported": False, "error": error, "child_exit": child.exitcode}
+    return {"supported": False, "sent": sent, "error": error, "child_exit": child.exitcode}
 
 
 def main(scenario: str, method: str) -> None:
