@@ -126,10 +126,6 @@ def _refusal() -> tuple:
     raise RuntimeError(_UNSUPPORTED)
 
 
-def _rebuild_storage(device: int, shared) -> torch.UntypedStorage:
-    return _open(device, shared)
-
-
 def _rebuild_tensor(cls, device, shared, dtype, size, stride, offset, requires_grad):
     storage = _open(device, shared)
     t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
@@ -160,7 +156,7 @@ def _reduce_storage(storage: torch.UntypedStorage):
         return _torch_reductions.reduce_storage(storage)
     if not is_supported():
         return _refusal()
-    return (_rebuild_storage, _share(storage))
+    return (_open, _share(storage))
 
 
 def register() -> None:

@@ -47,7 +47,6 @@ int64_t add_to_counter(const at::Tensor& counters, int64_t slot, int64_t delta) 
 // What a received storage owns: the mapping, and the sender's count it takes one off when it dies.
 struct Received {
   void* base;
-  c10::DeviceIndex device;
   at::Tensor counters;
   int64_t slot;
 };
@@ -93,7 +92,7 @@ at::Tensor ipc_open(c10::IntArrayRef raw, int64_t fd, int64_t device, int64_t of
   void* base = nullptr;
   {{ cookiecutter.DEVICE }}_CHECK(driver::ipc_open(static_cast<int>(device), handle, &base));
   const c10::Device where(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device));
-  auto* owner = new Received{base, where.index(), counters, slot};
+  auto* owner = new Received{base, counters, slot};
   c10::DataPtr ptr(static_cast<char*>(base) + offset, owner, &release_received, where);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(ptr), /*allocator=*/nullptr,
                        /*resizable=*/false);

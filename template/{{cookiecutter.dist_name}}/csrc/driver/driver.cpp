@@ -6,8 +6,8 @@
 // kernel, copy or Python extension that dereferences it crashes with SIGSEGV, as it would on a
 // real accelerator), and a second, read-write mapping is what driver::host_address (host_mapping) returns to
 // the driver and to the kernels it runs. The memory file stays open with the allocation: it is what
-// ipc_export hands another process, which maps the same file (ipc_open). The emulator also keeps the table of live allocations
-// (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
+// ipc_export hands another process, which maps the same file (ipc_open). The emulator also keeps
+// the table of live allocations (which device owns a pointer, each device's capacity set by {{ cookiecutter.DEVICE }}_MEMORY_LIMIT such as
 // 512M or 16G) and a current device per thread.
 //
 // What a hardware team replaces: this whole file, with calls into its SDK (device memory, pinned
@@ -63,7 +63,6 @@ struct Allocation {
   char* host;     // the driver's read-write mapping of the same pages
   int fd;         // the memory file (ipc_export's descriptor)
   bool imported;  // mapped by ipc_open from another process's allocation (ipc_close, not free)
-  uint64_t serial;
 };
 
 struct MemoryState {
@@ -75,7 +74,6 @@ struct MemoryState {
   std::atomic<bool> initialized{false};  // a device was used in this process
   std::atomic<bool> bad_fork{false};
   size_t page = 4096;
-  uint64_t serial = 0;  // numbers this process's allocations (in an ipc handle)
 
   MemoryState() {
     if (const char* env = std::getenv("{{ cookiecutter.DEVICE }}_DEVICE_COUNT")) {
@@ -138,6 +136,13 @@ bool map_twice(int fd, size_t length, char** device, char** host) {
   *device = static_cast<char*>(d);
   *host = static_cast<char*>(h);
   return true;
+}
+
+// Undoes map_twice and closes the memory file (the allocation is out of the table).
+void unmap(void* device, const Allocation& a) {
+  munmap(device, a.mapped);
+  munmap(a.host, a.mapped);
+  close(a.fd);
 }
 
 // A new memory file of `length` bytes mapped twice; its descriptor in *fd.
@@ -228,7 +233,7 @@ Status malloc(int device, void** ptr, size_t bytes) {
   }
   std::lock_guard<std::mutex> lock(s.mu);
   s.initialized = true;
-  s.allocations.emplace(dev, Allocation{device, bytes, length, host, fd, false, ++s.serial});
+  s.allocations.emplace(dev, Allocation{device, bytes, length, host, fd, false});
   *ptr = dev;
   return Status::ok;
 }
@@ -257,9 +262,7 @@ Status free(void* ptr, int* device, size_t* bytes) {
   }
   if (device != nullptr) *device = a.device;
   if (bytes != nullptr) *bytes = a.bytes;
-  munmap(ptr, a.mapped);
-  munmap(a.host, a.mapped);
-  close(a.fd);
+  unmap(ptr, a);
   return Status::ok;
 }
 
@@ -358,12 +361,12 @@ Status set_memory_limit(int device, size_t bytes) {
 }
 
 // ipc: a handle is the allocation's memory file (the descriptor) and what the opener checks it
-// against: a tag, the mapped length, the exporting process and the allocation's number.
+// against: a tag and the mapped length.
 namespace {
 constexpr char kIpcTag[8] = "{{ cookiecutter.device[:7] }}";
 struct IpcBytes {
   char tag[8];
-  uint64_t mapped, pid, serial;
+  uint64_t mapped;
 };
 static_assert(sizeof(IpcBytes) <= sizeof(IpcHandle::bytes));
 }  // namespace
@@ -376,8 +379,6 @@ Status ipc_export(const void* ptr, IpcHandle* handle, size_t* offset, size_t* by
   IpcBytes b{};
   std::memcpy(b.tag, kIpcTag, sizeof(b.tag));
   b.mapped = entry->second.mapped;
-  b.pid = static_cast<uint64_t>(getpid());
-  b.serial = entry->second.serial;
   *handle = IpcHandle{};
   std::memcpy(handle->bytes, &b, sizeof(b));
   handle->fd = entry->second.fd;
@@ -408,7 +409,7 @@ Status ipc_open(int device, const IpcHandle& handle, void** base) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.initialized = true;
   // not counted against the capacity: the memory is the exporter's
-  s.allocations.emplace(dev, Allocation{device, 0, b.mapped, host, handle.fd, true, ++s.serial});
+  s.allocations.emplace(dev, Allocation{device, 0, b.mapped, host, handle.fd, true});
   *base = dev;
   return Status::ok;
 }
@@ -425,9 +426,7 @@ Status ipc_close(void* base) {
     a = it->second;
     s.allocations.erase(it);
   }
-  munmap(base, a.mapped);
-  munmap(a.host, a.mapped);
-  close(a.fd);
+  unmap(base, a);
   return Status::ok;
 }
 
