@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from torch_venvs import TorchVenvs, scenarios_needed, versions_needed
+from torch_venvs import TIMELINE, TorchVenvs, scenarios_needed, versions_needed
 
 from backendgen import api
 from backendgen.toolchain import build
@@ -245,6 +245,10 @@ def pytest_terminal_summary(terminalreporter):
     ranked = sorted(_cpu_by_test, key=lambda t: -(t[1]["user"] + t[1]["system"]))
     for nodeid, cpu in ranked[:40]:
         tr.write_line(f"{cpu['user'] + cpu['system']:8.1f} user+system {cpu['nice']:7.1f} nice  {nodeid}")
+    if TIMELINE:
+        tr.section("the background (tests/torch_venvs.py), in seconds from the session's start")
+        for start, end, what in sorted(TIMELINE):
+            tr.write_line(f"{start:7.0f} {end:7.0f} {end - start:6.0f} s  {what}")
 
 
 def pytest_collection_modifyitems(session, config, items):

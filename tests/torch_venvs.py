@@ -13,13 +13,17 @@ No selected test marked: nothing is installed.
 
 The tests' work runs in the background too. A mark may name the test's scenario,
 `torch_venv(version, ..., scenario=fn)`: `fn(venvs, work, **params)` (params: the test's
-parametrization) is what the test used to run in its body, every command and every assertion. A
-second thread runs the selected tests' scenarios one after another, in the tests' order, each as
-soon as its venvs are made, under `nice` like the installs: they use the CPU the session's own
-builds and suites leave idle (the generated suites run on one core), and the session no longer waits
-for them at its end. The test itself waits for its scenario's outcome (`TorchVenvs.outcome`) and
-raises what it raised, with its traceback; while it waits, the scenario gets normal priority. One
-venv runs one scenario at a time (one PrivateUse1 backend per environment).
+parametrization) is what the test used to run in its body, every command and every assertion. Two
+threads run the selected tests' scenarios, each taking the first in the tests' order whose venvs are
+made and not in use by the other (one venv runs one scenario at a time: one PrivateUse1 backend per
+environment), under `nice` like the installs: they use the CPU the session's own builds and suites
+leave idle (the generated suites run on one core). Two, because the session's last minutes are the
+matrix's: with one thread the last scenarios ran one after the other on a machine otherwise idle
+(the generated suites, most of a scenario, use one core of two). The test itself waits for its
+scenario's outcome (`TorchVenvs.outcome`) and raises what it raised, with its traceback; while it
+waits, the scenarios get normal priority.
+The session's summary ends with the background's timeline (`TIMELINE`: each install and each
+command, in seconds from the session's start), to read where its last minutes went.
 
 A virtualenv's PATH is the user's, without the outer test run's venv; ccache is on it (a directory
 holding only `ccache`), as on a CI machine with ccache installed, so the venvs' builds go through it
@@ -38,6 +42,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "torch_venv"
+RUNNERS = 2  # threads running scenarios side by side (see the top of this file)
+# (start, end, what) of every install and scenario command, in seconds from the session's start:
+# appended from the background threads, printed by tests/conftest.py's terminal summary
+TIMELINE: list[tuple[float, float, str]] = []
+_SESSION_START = time.monotonic()
 # _NICE_WORKS: with the kernel's autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled, on by
 # default), each session (setsid) is a scheduling group of its own, and the groups share the CPU
 # equally whatever their processes' nice values: a background command started in a new session
@@ -49,6 +58,10 @@ MARK = "torch_venv"
 
 def log(msg: str) -> None:
     print(f"[matrix] {msg}", file=sys.stderr, flush=True)
+
+
+def _span(start: float, what: str) -> None:
+    TIMELINE.append((start - _SESSION_START, time.monotonic() - _SESSION_START, what))
 
 
 def versions_needed(items) -> list[str]:
@@ -123,6 +136,8 @@ class Venv:
         else:
             proc = self.owner.run_niced(list(args), cwd=cwd, env=self.env(), timeout=timeout)
         log(f"torch {self.torch_version}: {' '.join(args)} -> {proc.returncode} in {time.monotonic() - start:.0f} s")
+        shown = " ".join(Path(a).name if a.startswith("/") else a for a in args)
+        _span(start, f"torch {self.torch_version}: {shown[:90]} -> {proc.returncode}")
         return proc
 
     def uninstall_backends(self) -> None:
@@ -142,7 +157,10 @@ class TorchVenvs:
         self.scenarios = scenarios or []
         self._outcomes: dict[str, BaseException | None] = {}
         self._scenario_done = {nodeid: threading.Event() for nodeid, *_ in self.scenarios}
-        self._scenario_proc: subprocess.Popen | None = None
+        self._pending = list(self.scenarios)  # not yet taken by a runner (under _lock)
+        self._in_use: set[str] = set()  # versions whose venv a running scenario has (under _lock)
+        self._lock = threading.Lock()
+        self._scenario_procs: set[subprocess.Popen] = set()  # the runners' commands now running
         self.timings: dict[str, float] = {}
         self._done = {v: threading.Event() for v in versions}
         self._made: dict[str, Venv] = {}
@@ -160,26 +178,47 @@ class TorchVenvs:
             self.tools.mkdir()
             (self.tools / "ccache").symlink_to(ccache)
         self._thread = threading.Thread(target=self._make_all, name="torch-venvs", daemon=True)
-        self._runner = threading.Thread(target=self._run_scenarios, name="torch-venv-scenarios", daemon=True)
+        self._runners = [
+            threading.Thread(target=self._run_scenarios, name=f"torch-venv-scenarios-{i}", daemon=True)
+            for i in range(min(RUNNERS, len(self.scenarios)))
+        ]
         if versions:
             self._thread.start()
-        if self.scenarios:
-            self._runner.start()
+        for runner in self._runners:
+            runner.start()
 
     # ---- the tests' scenarios, in the background ----------------------------------------------------
 
+    def _take(self):
+        """The next scenario for a runner: the first in the tests' order whose venvs are made and not
+        in use by the other runner (then marked in use); None when none is left; "wait" when none is ready."""
+        with self._lock:
+            if not self._pending:
+                return None
+            free = (
+                s
+                for s in self._pending
+                if all(self._done[v].is_set() for v in s[1]) and not self._in_use.intersection(s[1])
+            )
+            ready = next(free, None)
+            if ready is None:
+                if not self._stop.is_set():
+                    return "wait"
+                ready = self._pending[0]  # the session ended: _run_scenario says so, using no venv
+            self._pending.remove(ready)
+            self._in_use.update(ready[1])
+            return ready
+
     def _run_scenarios(self) -> None:
-        pending = list(self.scenarios)
-        while pending:
-            # the first in the tests' order whose venvs are made (the upgrade's need not wait for the
-            # last install); none ready: wait for the next install to finish
-            ready = next((s for s in pending if all(self._done[v].is_set() for v in s[1])), None)
-            if ready is None and not self._stop.is_set():
-                time.sleep(1)
+        while (taken := self._take()) is not None:
+            if taken == "wait":
+                time.sleep(0.5)
                 continue
-            ready = ready or pending[0]
-            pending.remove(ready)
-            self._run_scenario(*ready)
+            try:
+                self._run_scenario(*taken)
+            finally:
+                with self._lock:
+                    self._in_use.difference_update(taken[1])
 
     def _run_scenario(self, nodeid: str, versions: tuple[str, ...], scenario, params: dict) -> None:
         try:
@@ -191,7 +230,10 @@ class TorchVenvs:
             work = self.base / ("scenario-" + "".join(c if c.isalnum() else "-" for c in nodeid)[-80:])
             work.mkdir(parents=True, exist_ok=True)
             start = time.monotonic()
-            scenario(self._background_get, work, **params)
+            try:
+                scenario(self._background_get, work, **params)
+            finally:
+                _span(start, f"{nodeid.split('::')[-1]}: the whole scenario")
             log(f"{nodeid}: passed in {time.monotonic() - start:.0f} s (in the background)")
             self._outcomes[nodeid] = None
         except BaseException as exc:  # noqa: BLE001 - raised again by outcome(), in the test
@@ -217,7 +259,7 @@ class TorchVenvs:
             text=True,
             process_group=0,  # not a new session: see _NICE_WORKS
         )
-        self._scenario_proc = proc
+        self._scenario_procs.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -225,7 +267,7 @@ class TorchVenvs:
             proc.communicate()
             raise
         finally:
-            self._scenario_proc = None
+            self._scenario_procs.discard(proc)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     def outcome(self, nodeid: str) -> None:
@@ -240,6 +282,7 @@ class TorchVenvs:
         self.timings["waited for the background"] = self.timings.get("waited for the background", 0) + waited
         if waited >= 1:
             log(f"{nodeid}: waited {waited:.0f} s for it in the background")
+            _span(start, f"the session waited for {nodeid.split('::')[-1]}")
         exc = self._outcomes[nodeid]
         if exc is not None:
             raise exc
@@ -247,7 +290,7 @@ class TorchVenvs:
     def _hurry(self) -> None:
         """The session has nothing else to run: what runs in the background gets the CPU back (where allowed)."""
         self._urgent.set()
-        for proc in (self._proc, self._scenario_proc):
+        for proc in (self._proc, *list(self._scenario_procs)):
             try:
                 if proc is not None and proc.poll() is None:
                     os.setpriority(os.PRIO_PGRP, proc.pid, 0)
@@ -280,6 +323,7 @@ class TorchVenvs:
         )
         wheels = list((self.base / "wheel").glob("backendgen-*.whl"))
         self.timings["wheel of this repo"] = time.monotonic() - start
+        _span(start, f"pip wheel of this repo -> {rc}")
         for version in self.versions:
             try:
                 if self._stop.is_set():
@@ -310,6 +354,7 @@ class TorchVenvs:
             env=venv.env(),
         )
         self.timings[f"install torch {version}"] = time.monotonic() - start
+        _span(start, f"venv with torch {version} -> {rc}")
         if rc != 0:
             self._failed[version] = out[-6000:]
             return
@@ -337,13 +382,13 @@ class TorchVenvs:
     def close(self) -> None:
         """At the session's end: stop an install still running, delete the venvs (several GB each)."""
         self._stop.set()
-        for proc in (self._proc, self._scenario_proc):
+        for proc in (self._proc, *list(self._scenario_procs)):
             if proc is not None and proc.poll() is None:
                 try:
                     os.killpg(proc.pid, 15)
                 except OSError:
                     pass
-        for thread in (self._thread, self._runner):
+        for thread in (self._thread, *self._runners):
             if thread.is_alive():
                 thread.join(timeout=60)
         for venv in self._made.values():
