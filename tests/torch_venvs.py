@@ -13,15 +13,17 @@ No selected test marked: nothing is installed.
 
 The tests' work runs in the background too. A mark may name the test's scenario,
 `torch_venv(version, ..., scenario=fn)`: `fn(venvs, work, **params)` (params: the test's
-parametrization) is what the test used to run in its body, every command and every assertion. Two
-threads run the selected tests' scenarios, each taking the first in the tests' order whose venvs are
-made and not in use by the other (one venv runs one scenario at a time: one PrivateUse1 backend per
-environment), under `nice` like the installs: they use the CPU the session's own builds and suites
-leave idle (the generated suites run on one core). Two, because the session's last minutes are the
-matrix's: with one thread the last scenarios ran one after the other on a machine otherwise idle
-(the generated suites, most of a scenario, use one core of two). The test itself waits for its
-scenario's outcome (`TorchVenvs.outcome`) and raises what it raised, with its traceback; while it
-waits, the scenarios get normal priority.
+parametrization) is what the test used to run in its body, every command and every assertion.
+RUNNERS threads run the selected tests' scenarios, each taking the first in the tests' order whose
+venvs are made and not in use by another (one venv runs one scenario at a time: one PrivateUse1
+backend per environment), under `nice` like the installs: they use the CPU the session's own builds
+and suites leave idle (the generated suites run on one core). Several, because the session's last
+minutes are the matrix's: with one thread, each scenario started only when the one before it ended,
+and the last ones ran one after the other on a machine otherwise half idle (a generated suite, most
+of a scenario, uses one core of two); a run measured here went from 1919 to 1650 s with two (its
+Inductor cache was warm, which accounts for part of it). The test itself waits for its scenario's
+outcome (`TorchVenvs.outcome`) and raises what it raised, with its traceback; while it waits, the
+scenarios get normal priority.
 The session's summary ends with the background's timeline (`TIMELINE`: each install and each
 command, in seconds from the session's start), to read where its last minutes went.
 
@@ -42,7 +44,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "torch_venv"
-RUNNERS = 2  # threads running scenarios side by side (see the top of this file)
+RUNNERS = 3  # threads running scenarios side by side (see the top of this file)
 # (start, end, what) of every install and scenario command, in seconds from the session's start:
 # appended from the background threads, printed by tests/conftest.py's terminal summary
 TIMELINE: list[tuple[float, float, str]] = []
@@ -191,7 +193,7 @@ class TorchVenvs:
 
     def _take(self):
         """The next scenario for a runner: the first in the tests' order whose venvs are made and not
-        in use by the other runner (then marked in use); None when none is left; "wait" when none is ready."""
+        in use by another runner (then marked in use); None when none is left; "wait" when none is ready."""
         with self._lock:
             if not self._pending:
                 return None
