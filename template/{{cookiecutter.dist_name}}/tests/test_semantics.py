@@ -92,6 +92,42 @@ def test_batch_norm_updates_running_statistics():
     assert not torch.equal(cpu.running_mean, torch.zeros(4))  # the statistics really moved
 
 
+def _prims_run_by(fn) -> int:
+    with torch.profiler.profile() as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name.startswith("prims::"))
+
+
+def test_batch_norm_decides_each_geometry_once_and_matches_the_cpu_on_every_call():
+    # torch's meta function for native_batch_norm, which decides the outputs on the host, is a Python
+    # decomposition (prims, milliseconds a call): csrc/aten/batch_norm.cpp runs it once per geometry
+    # of the arguments and reuses what it decided. Every call still matches the CPU, a new geometry
+    # (layout, mode, dtype) is decided anew, and torch's refusal of bad arguments is unchanged.
+    torch.manual_seed(0)
+    weight, bias = torch.randn(7), torch.randn(7)
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        for training in (True, False):
+            x = torch.randn(3, 7, 5, 2).to(memory_format=memory_format)  # a shape no other test uses
+            stats = (torch.randn(7), torch.rand(7) + 0.5)
+
+            def run(device, x=x, stats=stats, training=training):
+                args = [t.to(device, copy=True) for t in (x, weight, bias, *stats)]  # each call from the same stats
+                out = torch.native_batch_norm(*args, training, 0.1, 1e-5)
+                return out, args[3:]
+
+            expected, cpu_stats = run("cpu")
+            decided = []
+            for _ in range(2):  # the first call decides, the second reuses
+                decided.append(_prims_run_by(lambda: run(DEVICE)))
+                got, dev_stats = run(DEVICE)
+                for g, e in zip(got, expected, strict=True):
+                    assert g.shape == e.shape
+                    torch.testing.assert_close(g.cpu(), e, rtol=1e-5, atol=1e-5)
+                assert got[0].stride() == expected[0].stride()
+            assert decided[0] > 0 and decided[1] == 0, decided
+            for d, c in zip(dev_stats, cpu_stats, strict=True):  # the running statistics, updated in training
+                torch.testing.assert_close(d.cpu(), c)
+
 @pytest.mark.parametrize("pointwise", [False, True], ids=["untagged", "pointwise"])
 def test_an_undeclared_write_comes_back_unless_the_operator_is_tagged_pointwise(pointwise):
     # To find writes a schema does not declare, the fallback keeps each argument's staged bytes and
