@@ -20,8 +20,8 @@ backend per environment), under `nice` like the installs: they use the CPU the s
 and suites leave idle (the generated suites run on one core). Several, because the session's last
 minutes are the matrix's: with one thread, each scenario started only when the one before it ended,
 and the last ones ran one after the other on a machine otherwise half idle (a generated suite, most
-of a scenario, uses one core of two); a run measured here went from 1919 to 1650 s with two (its
-Inductor cache was warm, which accounts for part of it). The test itself waits for its scenario's
+of a scenario, uses one core of two); `.ci/run` went from 1919 to 1706 s with three (both from a
+fresh clone with every cache empty: docs/performance.md). The test itself waits for its scenario's
 outcome (`TorchVenvs.outcome`) and raises what it raised, with its traceback; while it waits, the
 scenarios get normal priority.
 The session's summary ends with the background's timeline (`TIMELINE`: each install and each
