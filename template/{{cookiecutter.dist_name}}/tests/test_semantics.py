@@ -101,8 +101,8 @@ def _prims_run_by(fn) -> int:
 def test_batch_norm_decides_each_geometry_once_and_matches_the_cpu_on_every_call():
     # torch's meta function for native_batch_norm, which decides the outputs on the host, is a Python
     # decomposition (prims, milliseconds a call): csrc/aten/batch_norm.cpp runs it once per geometry
-    # of the arguments and reuses what it decided. Every call still matches the CPU, a new geometry
-    # (layout, mode, dtype) is decided anew, and torch's refusal of bad arguments is unchanged.
+    # of the arguments and reuses what it decided. Every call still matches the CPU, and a new
+    # geometry (here: another layout or mode) is decided anew.
     torch.manual_seed(0)
     weight, bias = torch.randn(7), torch.randn(7)
     for memory_format in (torch.contiguous_format, torch.channels_last):

@@ -13,8 +13,8 @@
 // decomposition that costs milliseconds of host time per call (a ResNet-18 step calls it 20 times),
 // and its outcome depends only on the arguments' geometry and dtypes and the three scalars, so a
 // call whose arguments have the geometry of one that passed before takes that call's output
-// geometry. An argument the meta function would refuse has never passed: it runs the pre-pass, and
-// raises there, every time.
+// geometry. Arguments the meta function refuses are never stored: such a call runs the pre-pass
+// again every time, with torch's outcome (its error, or the CPU kernel run in place).
 // What a hardware team replaces: the queued computation, with its SDK's batch norm kernel.
 #include "aten/kernel_support.h"
 
