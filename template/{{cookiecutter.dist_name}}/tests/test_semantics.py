@@ -128,6 +128,7 @@ def test_batch_norm_decides_each_geometry_once_and_matches_the_cpu_on_every_call
             for d, c in zip(dev_stats, cpu_stats, strict=True):  # the running statistics, updated in training
                 torch.testing.assert_close(d.cpu(), c)
 
+
 @pytest.mark.parametrize("pointwise", [False, True], ids=["untagged", "pointwise"])
 def test_an_undeclared_write_comes_back_unless_the_operator_is_tagged_pointwise(pointwise):
     # To find writes a schema does not declare, the fallback keeps each argument's staged bytes and
