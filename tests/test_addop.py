@@ -194,3 +194,26 @@ def test_ops_and_add_op_know_the_sync_batch_norm_operators_are_native(project):
     assert "aten::batch_norm_stats is already native in this project" in out.stdout, out.stdout
     assert "nothing to do" in out.stdout
     assert _snapshot(project) == before
+
+
+def test_add_op_rewrites_the_small_registration_files_and_leaves_new_s_alone(project):
+    """Template 12 cuts the generated registration in three, each a unit of its own: an add-op
+    rewrites the kernels added since `new` (registration_added.cpp) and the names sent to the CPU
+    fallback (fallback_names.cpp), and leaves registration.cpp, whose m.impl lines take seconds to
+    compile, as it was (its time stamp too: the rebuild does not compile it)."""
+    generated = project / "csrc/aten/ops/generated"
+    main, added, names = (generated / f for f in ("registration.cpp", "registration_added.cpp", "fallback_names.cpp"))
+    before = main.read_bytes(), main.stat().st_mtime_ns
+    assert "m.impl(" not in added.read_text() and '"erfinv",' in names.read_text()
+    res = api.add_ops(["aten::abs.out", "aten::erfinv.out"], project, build_it=False)
+    assert res.added == ["aten::abs.out", "aten::erfinv.out"]
+    assert (main.read_bytes(), main.stat().st_mtime_ns) == before
+    text = added.read_text()
+    assert 'm.impl("abs.out", TORCH_FN(' in text and 'm.impl("erfinv.out", TORCH_FN(' in text
+    assert 'm.impl("abs.out"' not in main.read_text()
+    # a structured operator whose out= form is native leaves the fallback's list (its functional form runs here)
+    assert '"erfinv",' not in names.read_text() and '"erfinv_",' not in names.read_text()
+    # removing it puts the list back as it was, and still leaves registration.cpp alone
+    api.remove_ops(["aten::erfinv.out"], project)
+    assert '"erfinv",' in names.read_text() and 'm.impl("erfinv.out"' not in added.read_text()
+    assert (main.read_bytes(), main.stat().st_mtime_ns) == before

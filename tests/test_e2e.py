@@ -109,9 +109,17 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     )
     edited = kernel.read_text()
 
+    ninja_log = next(root.glob("build/temp.*/.ninja_log"))
+    logged = len(ninja_log.read_text().splitlines())
     res = api.add_ops(rest, root)
     assert res.built and res.tested
     assert kernel.read_text() == edited
+    # the rebuild compiled the kernels and the small registration units, not the m.impl lines of the
+    # kernels `new` wrote (registration.cpp), though most of these operators left the fallback's list
+    compiled = [line.split("\t")[3] for line in ninja_log.read_text().splitlines()[logged:]]
+    assert any(c.endswith("/registration_added.o") for c in compiled), compiled
+    assert any(c.endswith("/fallback_names.o") for c in compiled), compiled
+    assert not any(c.endswith("/registration.o") for c in compiled), compiled
     recorded = {d["op"] for d in _meta(root)["ops"]}
     for op in [
         "aten::where.self",

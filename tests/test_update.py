@@ -41,6 +41,7 @@ RELEASES = {
     8: "87cc645",
     9: "5739e41",
     10: "37bea23",
+    11: "68b919b",
 }
 OLD_OPS = ["abs.out", "mse_loss"]  # a plain kernel (edited below) and a structured one
 KERNEL = "csrc/aten/ops/abs.cpp"

@@ -179,7 +179,7 @@ def check(report: CheckReport, out: Output, *, accept: bool = False) -> None:
         names = f"; recorded the new schemas of {', '.join(acc['updated_ops'])}" if acc["updated_ops"] else ""
         out.print(f"accepted: backendgen.json now targets torch {acc['to']} (was {acc['from']}){names}")
         if acc.get("rebuild"):
-            out.print("rewrote csrc/aten/ops/generated/registration.cpp for this torch: rebuild (backendgen build)")
+            out.print("rewrote csrc/aten/ops/generated (the registration) for this torch: rebuild (backendgen build)")
 
 
 def update(res: UpdateResult, out: Output) -> None:

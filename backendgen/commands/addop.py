@@ -139,7 +139,7 @@ def add(
             for kind, item in work:
                 result.files += [project.root / f for f in kind.files(item, project)]
                 result.added.append(kind.qualified(item))
-            result.files.append(project.root / project.paths["registration"])
+            result.files += [project.root / f for f in registration.paths(project)]
             return result
         if work or rewrite_registration:
             with change.writing(rep) as tx:

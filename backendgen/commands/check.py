@@ -408,8 +408,8 @@ def _check_kernels(report: CheckReport, project: Project, load: dict) -> None:
                 Area.EXTENSION,
                 Severity.WARNING,
                 op,
-                f"its PrivateUse1 kernel is not registered by {project.registration_file} or {rec.source}: "
-                f"{k['line'][:160]}",
+                f"its PrivateUse1 kernel is not registered by {' or '.join(registration.paths(project))} or "
+                f"{rec.source}: {k['line'][:160]}",
             )
 
 
@@ -429,8 +429,8 @@ def _registered_here(dispatch_line: str, project: Project, source: str) -> bool:
         parts = os.path.normpath(at).split(os.sep)
         while parts and parts[0] == "..":
             parts.pop(0)
-        return "/".join(parts) in {project.registration_file, source}
-    return at.resolve() in {(project.root / project.registration_file).resolve(), (project.root / source).resolve()}
+        return "/".join(parts) in {*registration.paths(project), source}
+    return at.resolve() in {(project.root / f).resolve() for f in (*registration.paths(project), source)}
 
 
 def _check_coverage(report: CheckReport, project: Project, db: OpDB, registered: set[str], list_ops: bool) -> None:

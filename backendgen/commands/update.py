@@ -518,8 +518,8 @@ def _plan_update(project: Project, result: UpdateResult, *, torch_signatures: bo
         project.record.update = UpdateState(from_=old, to=new, conflicts=sorted(set(result.conflicts)))
     else:
         project.record.update = None
-    registration_file = manifest.load().path("registration")  # the current template's: update writes it
-    for rel, text in ((registration_file, registration.text(project, db)), (METADATA_FILE, project.metadata_text())):
+    # the current template's registration files (the project records its version now): update writes them
+    for rel, text in (*registration.files(project, db).items(), (METADATA_FILE, project.metadata_text())):
         plan.write(rel, text)
         if rel in plan.writes:
             result.changes.append(FileChange(rel, Action.REWRITTEN))

@@ -15,7 +15,7 @@ import functools
 import re
 from pathlib import Path
 
-from backendgen.kinds import kernelgen, kind
+from backendgen.kinds import kernelgen, kind, registration
 from backendgen.kinds.findings import Area, Kind, Severity
 from backendgen.kinds.kind import Planned, Removal, Request, UpdateStep
 from backendgen.plumbing import git
@@ -115,7 +115,18 @@ class AtenKernels:
         fallbacks = []  # without the fallback_by_name feature, fallback.cpp keeps run_on_cpu to itself
         if "fallback_by_name" in project.features:
             fallbacks = fallback_registrations(db, lambda op: project.covering(op) is not None)
-        return {"entries": project.registrations, "fallbacks": fallbacks}
+        if registration.FEATURE not in project.features:
+            return {"entries": project.registrations, "fallbacks": fallbacks}
+        # template 12 on: the kernels `new` writes in registration.cpp, those added since in
+        # registration_added.cpp (an add-op then recompiles only the small unit)
+        from_new = new_ops(db)
+        entries, added = [], []
+        for rec in project.record.ops:
+            if rec.registration:
+                (entries if (rec.requested or rec.op).removeprefix("aten::") in from_new else added).append(
+                    rec.registration
+                )
+        return {"entries": entries, "added_entries": added, "fallbacks": fallbacks}
 
     def expected_keys(self, project: Project) -> dict[str, list[str]]:
         return {}  # the probe looks each kernel up by its schema instead (check's "schemas")
@@ -368,6 +379,14 @@ def _records_named(project: Project, name: str) -> list[OpRecord]:
     return found
 
 
+def new_ops(db: OpDB) -> frozenset[str]:
+    """The operators whose kernels `backendgen new` writes with the installed torch, as requested
+    (add.out, unfold): the manifest's `default_ops` and the view kernels derived from `db`."""
+    tpl = manifest.load()
+    views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
+    return frozenset([*tpl.default_ops, *views])
+
+
 def fallback_registrations(db: OpDB, is_native) -> list[str]:
     """Operators registered to the CPU fallback by name, so that the device runs the CPU's own
     kernel for them (`is_native(qualified_name)`: whether the project has a kernel for an overload):
@@ -506,11 +525,13 @@ def carry_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
         for rec in kernel_records(project, db, new_plan, source_sha256=sha256_text(theirs)):
             project.add_op(rec)
     if step.read(harness) is not None:
-        registration_file = project.paths["registration"]
-        new_harness = kernelgen.render_harness(device=project.device, registration_file=registration_file)
+        new_harness = kernelgen.render_harness(device=project.device, registration_files=registration.current_paths())
         old_harness = (
             _try_render(
-                kernelgen.render_harness, device=project.device, registration_file=registration_file, ops_dir=old_ops
+                kernelgen.render_harness,
+                device=project.device,
+                registration_files=registration.paths(project),
+                ops_dir=old_ops,
             )
             or new_harness
         )
@@ -528,7 +549,7 @@ def add_default_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
     views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
     own: set[str] = set()
     for path in sorted((project.root / "csrc").rglob("*.cpp")):
-        if path.relative_to(project.root).as_posix() != project.paths["registration"]:
+        if path.relative_to(project.root).as_posix() not in registration.paths(project):
             with contextlib.suppress(OSError, UnicodeDecodeError):
                 own |= contract.registrations(path.read_text())[0].get("PrivateUse1", set())
     added = False
@@ -559,7 +580,7 @@ def add_default_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
             project.add_op(rec)
         added = True
     if added:
-        harness = kernelgen.render_harness(device=project.device, registration_file=project.paths["registration"])
+        harness = kernelgen.render_harness(device=project.device, registration_files=registration.current_paths())
         for rel, text in (
             (f"{project.paths['kernel_tests']}/__init__.py", ""),
             (project.paths["kernel_harness"], harness),

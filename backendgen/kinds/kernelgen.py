@@ -747,9 +747,11 @@ def render_test(plan: KernelPlan, *, device: str, source_path: str, ops_dir: Pat
     )
 
 
-def render_harness(*, device: str, registration_file: str, ops_dir: Path | None = None) -> str:
+def render_harness(*, device: str, registration_files: list[str], ops_dir: Path | None = None) -> str:
+    """tests/ops/harness.py; `registration_files`: the generated registration files (registration.paths),
+    the first the registration file itself (what an older kernel template's harness names alone)."""
     return (
         jinja.environment(ops_dir)
         .get_template("harness.py.j2")
-        .render(device=device, registration_file=registration_file)
+        .render(device=device, registration_file=registration_files[0], registration_files=list(registration_files))
     )

@@ -145,9 +145,9 @@ def edited(project: Project, source: str, recorded_sha256: str | None) -> bool:
 
 def write_test_support(project: Project, tx: Transaction) -> None:
     """The package and harness the tests add-op writes import (written once, by whichever kind comes first)."""
-    from backendgen.kinds import kernelgen
+    from backendgen.kinds import kernelgen, registration
 
-    harness = kernelgen.render_harness(device=project.device, registration_file=project.paths["registration"])
+    harness = kernelgen.render_harness(device=project.device, registration_files=registration.paths(project))
     for rel, text in ((f"{project.paths['kernel_tests']}/__init__.py", ""), (project.paths["kernel_harness"], harness)):
         if not (project.root / rel).exists():
             tx.write(project.root / rel, text)

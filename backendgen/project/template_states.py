@@ -32,7 +32,9 @@ from backendgen.project.on_disk import METADATA_FILE, Project
 # sources and libraries).
 def tool_owned() -> tuple[str, ...]:
     """Those files, where the current template puts them (update writes the current template's project)."""
-    return manifest.load().path("registration"), METADATA_FILE
+    from backendgen.kinds import registration
+
+    return *registration.current_paths(), METADATA_FILE
 
 
 # --- a rendering -----------------------------------------------------------------------------------
