@@ -128,7 +128,7 @@ def _insert_after(path: Path, marker: str, line: str) -> None:
 
 def hand_edit(root: Path) -> None:
     """What a team does to a generated project: a kernel body, the README, the driver, a file of its own."""
-    _insert_after(root / KERNEL, "device computation: replace with your SDK call", TEAM_KERNEL_LINE)
+    _insert_after(root / KERNEL, "replace with your SDK", TEAM_KERNEL_LINE)  # the call, or the launch
     _insert_after(root / "README.md", "# ", "\n" + TEAM_README_LINE)
     _insert_after(root / DRIVER, "#include", TEAM_DRIVER_LINE)
     (root / TEAM_FILE).write_text("// the team's own file\nnamespace team {}\n")
@@ -328,7 +328,7 @@ DEVICE_30 = unique_device("upd")  # one old project of that state a session, cop
 
 def team_edit(root: Path) -> None:
     """Hand edits in a kernel, README.md and a file of the team's own only."""
-    _insert_after(root / KERNEL, "device computation: replace with your SDK call", TEAM_KERNEL_LINE)
+    _insert_after(root / KERNEL, "replace with your SDK", TEAM_KERNEL_LINE)  # the call, or the launch
     _insert_after(root / "README.md", "# ", "\n" + TEAM_README_LINE)
     (root / TEAM_FILE).write_text("// the team's own file\nnamespace team {}\n")
     _commit(root, "team edits")
