@@ -95,6 +95,10 @@ def old_backendgen(tmp_path_factory):
             script = (
                 f"from pathlib import Path\nfrom backendgen import api\n"
                 f"api._check_not_installed_elsewhere = lambda *a: None\n"
+                # template 11 on: the check lives in backendgen.commands.new, which calls it there
+                f"try:\n    from backendgen.commands import new as _new\n"
+                f"    _new._check_not_installed_elsewhere = lambda *a: None\n"
+                f"except ImportError:\n    pass\n"
                 f"api.new_backend({device!r}, Path({str(root)!r}), build_it=False)\n"
                 f"api.add_ops({OLD_OPS!r}, Path({str(root)!r}), build_it=False)\n"
             )
