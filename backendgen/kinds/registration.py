@@ -38,10 +38,13 @@ def siblings(registration_file: str) -> tuple[str, str]:
     return posixpath.join(folder, ADDED), posixpath.join(folder, FALLBACK_NAMES)
 
 
+def _all(main: str, features) -> list[str]:
+    return [main, *siblings(main)] if FEATURE in features else [main]
+
+
 def paths(project: Project) -> list[str]:
     """The generated registration files of `project`, relative to its root: one before template 12."""
-    main = project.registration_file
-    return [main, *siblings(main)] if FEATURE in project.features else [main]
+    return _all(project.registration_file, project.features)
 
 
 def current_paths() -> list[str]:
@@ -49,8 +52,7 @@ def current_paths() -> list[str]:
     from backendgen.project import manifest
 
     tpl = manifest.load()
-    main = tpl.path("registration")
-    return [main, *siblings(main)] if FEATURE in tpl.current_features else [main]
+    return _all(tpl.path("registration"), tpl.current_features)
 
 
 def _sealed(text: str) -> str:
@@ -106,7 +108,6 @@ def render(
             overrides=overrides_view,
             amp=list(amp),
             fallback_table=fallback_table,
-            sharded=fallback_table,
         )
     )
     return _sealed(text)
@@ -153,11 +154,6 @@ def files(project: Project, db: OpDB) -> dict[str, str]:
         added_file: render_added(added, device=project.device),
         names_file: render_fallback_names(fallbacks, device=project.device),
     }
-
-
-def text(project: Project, db: OpDB) -> str:
-    """The registration file's own text (registration.cpp; the others: files())."""
-    return files(project, db)[project.registration_file]
 
 
 def needs_rewrite(project: Project, db: OpDB) -> bool:
