@@ -131,6 +131,7 @@ struct State {
   std::vector<Activity> activities;
   uint64_t next_capture = 1;
   std::string capture_error;  // what the last refused call during a capture was
+  std::vector<std::function<void()>> finished;  // work a worker ran, for a host thread to destroy (Reaper)
 
   State() : devices(static_cast<size_t>(std::max(device_count(), 0))) {}
 };
@@ -165,6 +166,54 @@ inline void cpu_relax() {
 #endif
 }
 
+// Takes State::mu through `lock`, trying for a moment before it blocks: mu is held for well under a
+// microsecond at a time, while a thread that blocks on it pays a futex sleep and its holder a
+// wake-up system call, several microseconds each (a host thread launching small kernels and the
+// worker taking them meet on mu at every launch).
+void acquire(std::unique_lock<std::mutex>& lock) {
+  for (int i = 0; i < 256; ++i) {
+    if (lock.try_lock()) return;
+    cpu_relax();
+  }
+  lock.lock();
+}
+
+// Destroys, on a host thread, the work a worker finished. What a launch captured (its closure, the
+// holds of its tensors) was allocated by the launching thread; freed by the worker, each block would
+// take malloc's lock of that thread's arena while the launching thread allocates the next launch
+// there, and the two would queue on it at every small launch. So the worker leaves its finished
+// work in State::finished, and a host thread takes it when it next launches or synchronizes (take,
+// mu held) and destroys it when the Reaper goes out of scope, after mu is released: declare the
+// Reaper before the lock. Destroying work may launch work (a freed block records an event): the
+// nested call has its own Reaper.
+class Reaper {
+ public:
+  Reaper() = default;
+  Reaper(const Reaper&) = delete;
+  Reaper& operator=(const Reaper&) = delete;
+  void take(State& s) {
+    if (s.finished.empty()) return;
+    if (spare().empty()) {
+      spare().swap(s.finished);  // s.finished keeps the spare's capacity: no allocation either side
+    } else {
+      for (auto& fn : s.finished) spare().push_back(std::move(fn));
+      s.finished.clear();
+    }
+  }
+  ~Reaper() {
+    std::vector<std::function<void()>> dying;
+    dying.swap(spare());
+    dying.clear();  // the captures' destructors run here, outside mu
+    if (spare().capacity() == 0) spare().swap(dying);
+  }
+
+ private:
+  static std::vector<std::function<void()>>& spare() {
+    thread_local std::vector<std::function<void()>> v;
+    return v;
+  }
+};
+
 // How long a host thread waiting for the device (synchronize, a blocking copy, a kernel run in
 // stream order) watches for the work to finish before it sleeps: a small kernel's round trip is
 // then a few microseconds, not a sleep and a wake-up (a system call on each side, and the
@@ -192,7 +241,7 @@ void wait_until_true(State& s, std::unique_lock<std::mutex>& lock, int device, P
         if ((i & 63) == 63 && Clock::now() >= spin_until) break;
         cpu_relax();
       }
-      lock.lock();
+      acquire(lock);
       continue;
     }
     ++s.waiting;
@@ -374,10 +423,13 @@ bool step(State& s, std::unique_lock<std::mutex>& lock, int device, Clock::time_
       }
     }
     if (tracing) times[2 * i + 1] = now_ns();
-    item.fn = nullptr;  // destroy what the work captured before taking the lock
+    if (!was_worker) item.fn = nullptr;  // a host thread ran it: destroy what it captured before taking the lock
   }
   on_worker = was_worker;
-  lock.lock();
+  acquire(lock);
+  if (was_worker) {
+    for (Item& item : batch) s.finished.push_back(std::move(item.fn));  // for a host thread to destroy (Reaper)
+  }
   if (tracing) {
     for (size_t i = 0; i < batch.size(); ++i) {
       trace(s, batch[i].activity, batch[i].name, device, pick->id, times[2 * i], times[2 * i + 1],
@@ -405,7 +457,7 @@ void worker(int device) {
     lock.unlock();
     const Clock::time_point spin_until = std::min(wake, Clock::now() + std::chrono::microseconds(kSpinUs));
     while (s.changes.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) cpu_relax();
-    lock.lock();
+    acquire(lock);
     if (s.changes.load(std::memory_order_acquire) != seen) continue;
     ++s.waiting;
     if (wake == Clock::time_point::max()) {
@@ -427,7 +479,10 @@ Status usable(int device) {
 Status enqueue(int device, int64_t stream, Item item) {
   if (Status ready = usable(device); ready != Status::ok) return ready;
   State& s = state();
-  std::unique_lock<std::mutex> lock(s.mu);
+  Reaper reaper;
+  std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
+  acquire(lock);
+  reaper.take(s);
   Stream* st = find_stream(s, device, stream);
   if (st->capture != nullptr) {  // recorded into the graph, not run
     Capture* c = st->capture;
@@ -524,6 +579,7 @@ Status stream_synchronize(int device, int64_t stream) {
   if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
+  Reaper reaper;
   std::unique_lock<std::mutex> lock(s.mu);
   Stream* st = find_stream(s, device, stream);
   if (st->capture != nullptr) return refuse(s, st->capture, "synchronizing the capturing stream");
@@ -531,6 +587,7 @@ Status stream_synchronize(int device, int64_t stream) {
     return refused;
   }
   if (!st->held_by_me()) wait_until_true(s, lock, device, [&] { return st->idle(); });
+  reaper.take(s);
   return take_failure(s);
 }
 
@@ -538,6 +595,7 @@ Status device_synchronize(int device) {
   if (emulator::in_bad_fork()) return Status::forked;
   if (!valid_device(device)) return Status::invalid_device;
   State& s = state();
+  Reaper reaper;
   std::unique_lock<std::mutex> lock(s.mu);
   Device& d = s.devices[device];
   if (!d.captures.empty()) {
@@ -548,6 +606,7 @@ Status device_synchronize(int device) {
   wait_until_true(s, lock, device, [&] {
     return std::all_of(d.order.begin(), d.order.end(), [](const Stream* st) { return st->idle() || st->held_by_me(); });
   });
+  reaper.take(s);
   return take_failure(s);
 }
 
@@ -698,12 +757,14 @@ Status event_query(void* event) {
 
 Status event_synchronize(void* event) {
   State& s = state();
+  Reaper reaper;
   std::unique_lock<std::mutex> lock(s.mu);
   std::shared_ptr<Record> rec = static_cast<Event*>(event)->last;
   if (rec != nullptr && !rec->done) {
     if (Capture* c = capture_of(*rec)) return refuse(s, c, "synchronizing an event recorded in the capture");
   }
   if (rec != nullptr) wait_until_true(s, lock, -1, [&] { return rec->done; });
+  reaper.take(s);
   return take_failure(s);
 }
 
