@@ -250,9 +250,11 @@ def _check_shape(custom: CustomOp) -> None:
         )
     if autograd and custom.op.returns != ("Tensor",):
         raise UserError(f"{custom.qualified}: --autograd generates a backward for operators that return one Tensor")
-    if autograd and not any(a.schema_type.startswith("Tensor") and a.schema_type != "Tensor[]" for a in args):
+    # by kind, not spelling: torchgen spells an annotated list "Tensor[](a)"
+    lists = (ArgKind.TENSOR_LIST, ArgKind.OPTIONAL_TENSOR_LIST)
+    if autograd and not any(a.kind.host_aliased for a in args) and not any(a.kind in lists for a in args):
         raise UserError(f"{custom.qualified} takes no tensor: there is nothing to differentiate (drop --autograd)")
-    if autograd and any(a.schema_type == "Tensor[]" for a in args):
+    if autograd and any(a.kind in lists for a in args):
         raise UserError(f"{custom.qualified}: --autograd does not support Tensor[] arguments yet")
 
 
