@@ -48,6 +48,23 @@ def test_a_captured_chain_replays_equal_to_eager():
 
 
 @graphs
+def test_a_fallback_call_on_the_capturing_devices_tensors_is_captured_whatever_the_current_device(mod):
+    # sin reaches the CPU fallback: during a capture it must be queued into the capture of the
+    # device its tensors are on, not judged by the current device's (which is not capturing)
+    if mod.device_count() < 2:
+        pytest.skip("needs two devices")
+    x = torch.randn(256, device=f"{DEVICE}:1")
+    expected = x.sin().cpu()
+    with mod.device(1):
+        s, g = _side_stream(), torch.accelerator.Graph()
+        with s, g:
+            with mod.device(0):
+                out = x.sin()
+    g.replay()
+    assert torch.equal(out.cpu(), expected)
+
+
+@graphs
 def test_updating_static_inputs_changes_the_results():
     x = torch.zeros(8, device=DEVICE)
     g, out = _capture(lambda: x * 2 + 1)

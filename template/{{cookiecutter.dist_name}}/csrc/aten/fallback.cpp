@@ -1290,8 +1290,9 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
     return;
   }
   // During a graph capture nothing may wait for the stream: a call not yet judged is queued on its
-  // meta kernel's word (queued work still checks the sizes and dtypes it gets).
-  const bool capturing = plan.has_value() && runtime::capturing(runtime::current_device());
+  // meta kernel's word (queued work still checks the sizes and dtypes it gets). The capture that
+  // counts is that of the device the call runs on, whatever the current device is.
+  const bool capturing = plan.has_value() && runtime::capturing(plan->device.index());
   if (plan.has_value() && (!plan->first_sight || capturing)) meta = run_meta(op, *stack, *plan);
   if (meta.has_value() && (plan->verdict == Verdict::trusted || (capturing && plan->verdict == Verdict::unknown)) &&
       queueable(*stack, *plan, *meta)) {
