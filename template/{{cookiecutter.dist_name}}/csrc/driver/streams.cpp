@@ -184,8 +184,9 @@ void acquire(std::unique_lock<std::mutex>& lock) {
 // there, and the two would queue on it at every small launch. So the worker leaves its finished
 // work in State::finished, and a host thread takes it when it next launches or synchronizes (take,
 // mu held) and destroys it when the Reaper goes out of scope, after mu is released: declare the
-// Reaper before the lock. Destroying work may launch work (a freed block records an event): the
-// nested call has its own Reaper.
+// Reaper before the lock. Queued work holds memory and geometry, not tensors (kernel_support.h), so
+// nothing a user holds lives longer: only the closures' host memory is freed a launch later. A
+// destructor that calls back into the driver does so with mu free, under a Reaper of its own.
 class Reaper {
  public:
   Reaper() = default;
