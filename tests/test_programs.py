@@ -26,7 +26,7 @@ def _run(name: str, *args: str, env: dict[str, str] | None = None, **kw) -> subp
 def test_programs_import_no_other_backendgen_module():
     code = (
         "import json, sys, backendgen.programs.probe, backendgen.programs.warm_pytest, "
-        "backendgen.programs.torch_names, backendgen.programs.profile_runner; "
+        "backendgen.programs.torch_names, backendgen.programs.profile_runner, backendgen.programs.pytest_main; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('backendgen') or m == 'torch')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -37,6 +37,7 @@ def test_programs_import_no_other_backendgen_module():
         "backendgen.programs",
         "backendgen.programs.probe",
         "backendgen.programs.profile_runner",
+        "backendgen.programs.pytest_main",  # warm_pytest's, too
         "backendgen.programs.torch_names",
         "backendgen.programs.warm_pytest",
     ]
@@ -109,6 +110,18 @@ def test_warm_pytest_without_go_runs_nothing(tmp_path):
     req = {"preload": [], "pytest": ["-q", "test_tiny.py"]}
     out = _run("warm_pytest", json.dumps(req), cwd=_tiny_suite(tmp_path), input="")
     assert out.returncode == 0 and "passed" not in out.stdout
+
+
+def test_pytest_main_reports_as_pytest_and_skips_the_interpreters_shutdown(tmp_path):
+    # a failing test's report and exit code come through; a handler the tests' imports registered
+    # for the interpreter's shutdown does not run (the process ends when pytest is done)
+    (tmp_path / "test_two.py").write_text(
+        "import atexit\n\natexit.register(print, 'SHUTDOWN RAN')\n\n\n"
+        "def test_ok():\n    pass\n\n\ndef test_bad():\n    assert 1 == 2\n"
+    )
+    out = _run("pytest_main", "-q", "-p", "no:cacheprovider", "test_two.py", cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 failed, 1 passed" in out.stdout and "SHUTDOWN RAN" not in out.stdout + out.stderr
 
 
 def test_profile_runner_without_the_backend(tmp_path):

@@ -3,14 +3,17 @@
 argv[1] is JSON: {"preload": [modules], "pytest": [pytest's arguments]}. Started with the backend's
 autoload off (its library is still being built), it imports torch and the `preload` modules at a
 lower priority, then waits; when "go" arrives on stdin it turns autoload back on (the tests use the
-backend as a user would) and runs pytest in the same process, which imports the backend then: the
-new library. Anything else on stdin (or its end) exits 0 without running the tests.
+backend as a user would) and runs pytest in the same process (pytest_main: it exits when pytest is
+done), which imports the backend then: the new library. Anything else on stdin (or its end) exits 0
+without running the tests.
 """
 
 import importlib
 import json
 import os
 import sys
+
+from backendgen.programs import pytest_main
 
 
 def main() -> int:
@@ -25,9 +28,8 @@ def main() -> int:
     if sys.stdin.readline().strip() != "go":
         return 0
     os.environ.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    import pytest
-
-    return pytest.main(req["pytest"])
+    pytest_main.run(req["pytest"])  # never returns
+    return 1
 
 
 if __name__ == "__main__":
