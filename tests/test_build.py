@@ -5,9 +5,11 @@ in test_e2e.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -183,8 +185,80 @@ def test_a_copy_of_a_project_compiles_to_the_same_ccache_keys(with_units, tmp_pa
     root, _, _ = with_units
     for unit in (root / "build" / "unity").glob("*.cpp"):
         includes = [ln for ln in unit.read_text().splitlines() if ln.startswith("#include")]
-        assert includes and all('"../../csrc/' in ln for ln in includes), includes
+        # the kernels' unit first includes their precompiled header by its name on the include path
+        own = [ln for ln in includes if not ln.startswith('#include "aten/kernel_support.h"')]
+        assert own and all('"../../csrc/' in ln for ln in own), includes
     assert processes.build_env(root=root)["CCACHE_BASEDIR"] == str(root.resolve())
+
+
+def _precompile(root, env):
+    """setup.py's precompile_headers on the project's build.ninja, as its build_ext runs it."""
+    ninja = next(root.glob("build/temp.*/build.ninja"))
+    code = (
+        "import runpy, sys; from pathlib import Path; sys.argv = ['setup.py', '--name']; "
+        f"runpy.run_path('setup.py')['precompile_headers'](Path({str(ninja)!r}))"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+    return ninja.read_text()
+
+
+@pytest.fixture
+def torch_like_ninja(with_units):
+    """`with_units`, its build.ninja written as torch writes one: the compiler, the flags (build/pch
+    first on the include path, as setup.py puts it), the compile rule, then a line per unit."""
+    import torch.utils.cpp_extension
+
+    root, env, record = with_units
+    ninja = next(root.glob("build/temp.*/build.ninja"))
+    dirs = [root / "build" / "pch", root / "csrc", *map(Path, torch.utils.cpp_extension.include_paths())]
+    header = "cxx = c++\ncflags = " + " ".join(f"-I{d}" for d in dirs) + " -c\npost_cflags = -O2 -std=c++20\n"
+    header += "rule compile\n  command = $cxx -MMD -MF $out.d $cflags -c $in -o $out $post_cflags\n"
+    ninja.write_text(header + "\n" + ninja.read_text())
+    return root, env, record
+
+
+def test_the_units_that_include_a_precompiled_header_first_depend_on_it(torch_like_ninja):
+    root, env, record = torch_like_ninja
+    if not shutil.which("c++") or "Free Software Foundation" not in subprocess.getoutput("c++ --version"):
+        pytest.skip("precompiled headers are made with GCC only")
+    text = _precompile(root, env)
+    pch = root / "build" / "pch"
+    units = {
+        str(Path(src).relative_to(root).with_suffix("")): rest
+        for src, rest in re.findall(r"^build \S+: compile (\S+)(.*)$", text, re.MULTILINE)
+    }
+    kernels, library = f" | {pch}/aten/kernel_support.h.gch", f" | {pch}/torch/library.h.gch"
+    assert units["build/unity/ops"] == kernels  # the unit add-op and a kernel's edit recompile
+    assert units["csrc/aten/ops/generated/registration"] == library
+    assert units["csrc/aten/ops/generated/registration_added"] == library
+    # the aten unit, a first build's long pole, does not wait for one; the driver has no torch header
+    assert units["build/unity/aten"] == "" and units["csrc/driver/driver"] == ""
+    assert f"build {pch}/aten/kernel_support.h.gch: precompile {root}/csrc/aten/kernel_support.h" in text
+    assert "\nrule precompile\n  command = $cxx -MMD -MF $out.d $cflags -x c++-header $in" in text
+    # each .gch has its header beside it, for the units' later #include of it
+    assert (pch / "aten" / "kernel_support.h").resolve() == root / "csrc" / "aten" / "kernel_support.h"
+    assert (pch / "torch" / "library.h").resolve().is_file()
+    # ninja's file still compiles what setup.py lists: an added kernel keeps the fast path
+    (root / "csrc" / "aten" / "ops" / "extra.cpp").write_text("// a kernel add-op wrote\n")
+    assert record.units_still_match(root, env)
+
+
+def test_without_precompiled_headers_no_unit_can_read_an_old_one(torch_like_ninja):
+    root, env, _ = torch_like_ninja
+    stale = root / "build" / "pch" / "aten" / "kernel_support.h.gch"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier build's")
+    ninja = next(root.glob("build/temp.*/build.ninja"))
+    before = ninja.read_text()
+    device = json.loads((root / "backendgen.json").read_text())["DEVICE"]
+    assert _precompile(root, dict(env, **{f"{device}_PRECOMPILED_HEADERS": "0"})) == before
+    assert not stale.parent.parent.exists()
+
+
+def test_ccache_is_told_to_cache_the_precompiled_headers(monkeypatch, tmp_path):
+    monkeypatch.setenv("CCACHE_SLOPPINESS", "file_macro,time_macros")
+    monkeypatch.setattr(processes, "ccache_dir", lambda: tmp_path)
+    assert processes.build_env()["CCACHE_SLOPPINESS"] == "file_macro,time_macros,pch_defines"
 
 
 def test_a_setup_py_without_the_unity_command_goes_through_setup_py(with_units):

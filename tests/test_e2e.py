@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import run_cli
@@ -73,25 +75,45 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert out.returncode == 0 and "setup.py build_ext --inplace: full build requested" in out.stdout, (
         out.stdout + out.stderr
     )
-    kernel = root / "csrc/aten/ops/abs.cpp"
-    original = kernel.read_text()
+    # ... and so is a kernel that calls a function added to kernel_support.h, whose precompiled
+    # header (build/pch) is rebuilt first; changing the header alone rebuilds the kernels again
+    device = _meta(root)["device"]
+    kernel, header = root / "csrc/aten/ops/abs.cpp", root / "csrc/aten/kernel_support.h"
+    original, original_header = kernel.read_text(), header.read_text()
     kernel.write_text(
         original.replace(
             "  // ---- end of device computation",
-            '  TORCH_CHECK(false, "edited by hand");\n  // ---- end of device computation',
+            "  TORCH_CHECK(false, kernels::edit_mark());\n  // ---- end of device computation",
             1,
         )
     )
-    out = run_cli("build", "--project", str(root))
-    assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
-    device = _meta(root)["device"]
+    close = f"}}  // namespace {device}::kernels"
+    assert close in original_header
+    mark = 'inline const char* edit_mark() { return "edited by hand"; }\n'
+    header.write_text(original_header.replace(close, mark + close))
     code = (
         f"import torch; x = torch.tensor([-1.0, 2.0], device='{device}'); "
         "print(torch.abs(x, out=torch.empty_like(x)).cpu().tolist())"
     )
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
-    assert ran.returncode != 0 and "edited by hand" in ran.stderr, ran.stdout + ran.stderr
+    for said in ("edited by hand", "the header edited again"):
+        header.write_text(original_header.replace(close, mark.replace("edited by hand", said) + close))
+        out = run_cli("build", "--project", str(root))
+        assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
+        ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+        assert ran.returncode != 0 and said in ran.stderr, ran.stdout + ran.stderr
+    # the kernels' unit read the precompiled header, not the header itself (ninja's record of what it read)
+    ninja_dir = next(root.glob("build/temp.*"))
+    ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
+    deps = subprocess.run(
+        [ninja, "-C", str(ninja_dir), "-t", "deps", str(ninja_dir / "build/unity/ops.o")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert (root / "build/pch/aten/kernel_support.h.gch").is_file()
+    assert "ATen/ops/abs_ops.h" in deps and "kernel_support.h" not in deps, deps
+    header.write_text(original_header)
     kernel.write_text(original + "\nthis is not C++;\n")
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 1 and "abs.cpp" in out.stderr and "error" in out.stderr, out.stdout + out.stderr

@@ -269,9 +269,15 @@ _BUILD_ENV = (
     "TORCH_NO_COMPILER_WRAPPER",
 )
 # the project's own build settings setup.py reads from the environment (<DEVICE>_...): the unity
-# switch and the SDK's paths (the template's setup.py); like the files in _INPUTS, a change means a
-# new build.ninja or link
-_BUILD_ENV_SUFFIXES = ("_UNITY_BUILD", "_SDK_INCLUDE_DIRS", "_SDK_LIBRARY_DIRS", "_SDK_LIBRARIES")
+# and precompiled-header switches and the SDK's paths (the template's setup.py); like the files in
+# _INPUTS, a change means a new build.ninja or link
+_BUILD_ENV_SUFFIXES = (
+    "_UNITY_BUILD",
+    "_PRECOMPILED_HEADERS",
+    "_SDK_INCLUDE_DIRS",
+    "_SDK_LIBRARY_DIRS",
+    "_SDK_LIBRARIES",
+)
 # the files that shape build.ninja and the link besides the sources (sdk.cfg: the SDK's paths)
 _INPUTS = ("setup.py", "pyproject.toml", "sdk.cfg")
 
@@ -409,7 +415,8 @@ class BuildRecord:
         ninja = root / self.data["ninja_dir"] / "build.ninja"
         compiled = {
             str(Path(m.group(1)).resolve())
-            for m in re.finditer(r"^build \S+: compile (\S+)$", ninja.read_text(), re.MULTILINE)
+            # a unit may also depend on a precompiled header (` | ....gch`: the template's setup.py since template 12)
+            for m in re.finditer(r"^build \S+: compile (\S+)(?: \| [^\n]*)?$", ninja.read_text(), re.MULTILINE)
         }
         if compiled != wanted:
             return False

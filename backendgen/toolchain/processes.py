@@ -27,9 +27,22 @@ def build_env(autoload: str | None = "0", root: Path | None = None) -> dict[str,
     masq = ccache_dir()
     if masq is not None:
         env["PATH"] = f"{masq}{os.pathsep}{env.get('PATH', '')}"
+        env["CCACHE_SLOPPINESS"] = _with_pch_sloppiness(env.get("CCACHE_SLOPPINESS", ""))
     elif os.environ.get("BACKENDGEN_NO_CCACHE"):
         env["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch's cpp_extension prepends a ccache it finds on PATH itself
     return env
+
+
+# what ccache needs to cache the precompiled headers the template's setup.py makes (build/pch/*.gch)
+# and the units that read them: without it, it compiles both every time ("could not use precompiled
+# header"). The project's sources use neither __DATE__ nor __TIME__.
+PCH_SLOPPINESS = ("pch_defines", "time_macros")
+
+
+def _with_pch_sloppiness(value: str) -> str:
+    """CCACHE_SLOPPINESS with PCH_SLOPPINESS added to what the user set."""
+    have = [v for v in value.replace(" ", ",").split(",") if v]
+    return ",".join(have + [v for v in PCH_SLOPPINESS if v not in have])
 
 
 def _find_ccache() -> str | None:
