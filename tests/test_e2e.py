@@ -112,7 +112,7 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
         check=True,
     ).stdout
     assert (root / "build/pch/aten/kernel_support.h.gch").is_file()
-    assert "ATen/ops/abs_ops.h" in deps and "kernel_support.h" not in deps, deps
+    assert "csrc/aten/ops/abs.cpp" in deps and "kernel_support.h" not in deps, deps
     header.write_text(original_header)
     kernel.write_text(original + "\nthis is not C++;\n")
     out = run_cli("build", "--project", str(root))

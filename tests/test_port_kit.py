@@ -64,10 +64,15 @@ def _args(root: Path, **variables: str) -> dict:
     return json.loads(ran.stdout)
 
 
+def _own_dirs(root: Path) -> list[str]:
+    """The project's own include directories, before any SDK's: its precompiled headers, then csrc."""
+    return [str(root / "build" / "pch"), str(root / "csrc")]
+
+
 def test_without_an_sdk_the_extension_has_no_sdk_paths(setup_py):
     root, _ = setup_py
     ext = _args(root)
-    assert ext["include_dirs"] == [str(root / "csrc"), "/kineto"]
+    assert ext["include_dirs"] == [*_own_dirs(root), "/kineto"]
     assert ext["library_dirs"] == ext["runtime_library_dirs"] == ext["libraries"] == []
 
 
@@ -80,7 +85,7 @@ def test_setup_py_takes_the_sdk_paths_from_sdk_cfg_and_the_environment(setup_py)
         "libraries = mysdk, mysdk_rt\n"
     )
     ext = _args(root)
-    assert ext["include_dirs"] == [str(root / "csrc"), str(root / "sdk" / "include"), "/opt/sdk/include", "/kineto"]
+    assert ext["include_dirs"] == [*_own_dirs(root), str(root / "sdk" / "include"), "/opt/sdk/include", "/kineto"]
     assert ext["library_dirs"] == ext["runtime_library_dirs"] == ["/opt/sdk/lib"]  # the run-time path too
     assert ext["libraries"] == ["mysdk", "mysdk_rt"]
     # a variable that is set wins over the file's line, even empty; the others still come from the file
@@ -92,7 +97,7 @@ def test_setup_py_takes_the_sdk_paths_from_sdk_cfg_and_the_environment(setup_py)
             f"{prefix}_SDK_LIBRARY_DIRS": "",
         },
     )
-    assert ext["include_dirs"] == [str(root / "csrc"), "/env/a", "/env/b", "/kineto"]
+    assert ext["include_dirs"] == [*_own_dirs(root), "/env/a", "/env/b", "/kineto"]
     assert ext["libraries"] == ["other", "other_rt"]
     assert ext["library_dirs"] == ext["runtime_library_dirs"] == []
 
