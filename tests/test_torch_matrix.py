@@ -63,8 +63,8 @@ def _new_add_op_check(venvs, tmp: Path, version: str) -> None:
         # project runs its generated quick suite in `new`
         default = version == support.TESTED[0]
         driver = ["--driver", "minimal"] if default else []
+        venv.backends.add(f"torch-{device}")  # uninstalled at the end, however `new` ends
         new = venv.run("backendgen", "new", device, *driver, cwd=work)
-        venv.backends.add(f"torch-{device}")
         assert new.returncode == 0 and "built and tested" in new.stdout, new.stdout + new.stderr
         assert "note:" not in new.stdout  # a tested torch gets no "untested" note
         project = work / f"torch-{device}"
@@ -206,8 +206,8 @@ def _upgrade(venvs, tmp: Path) -> None:
     project = work / f"torch-{device}"
     dist = f"torch-{device}"
     try:
-        made = old.run("backendgen", "new", device, "--no-test", cwd=work)
         old.backends.add(dist)
+        made = old.run("backendgen", "new", device, "--no-test", cwd=work)
         assert made.returncode == 0 and "built" in made.stdout, made.stdout + made.stderr
         add = old.run("backendgen", "add-op", "cholesky", "_cdist_backward", cwd=project)
         assert add.returncode == 0 and "built and tested" in add.stdout, add.stdout + add.stderr
@@ -239,8 +239,8 @@ def _upgrade(venvs, tmp: Path) -> None:
         removed = new.run("backendgen", "remove-op", "cholesky", cwd=project)
         assert removed.returncode == 0, removed.stdout + removed.stderr
         assert not list((project / "csrc/aten/ops").glob("cholesky*"))
-        built = new.run("backendgen", "build", cwd=project)
         new.backends.add(dist)
+        built = new.run("backendgen", "build", cwd=project)
         assert built.returncode == 0, built.stdout + built.stderr
         passed = new.run("backendgen", "check", cwd=project)
         assert passed.returncode == 0, passed.stdout + passed.stderr

@@ -124,6 +124,8 @@ class Venv:
         return env
 
     def run(self, *args: str, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+        """`args` in this venv, as its user runs them; in the background (owner set) `timeout` is CPU
+        seconds (see wait_measured), otherwise wall seconds."""
         start = time.monotonic()
         if self.owner is None:
             proc = subprocess.run(
@@ -139,7 +141,8 @@ class Venv:
             proc = self.owner.run_niced(list(args), cwd=cwd, env=self.env(), timeout=timeout)
         log(f"torch {self.torch_version}: {' '.join(args)} -> {proc.returncode} in {time.monotonic() - start:.0f} s")
         shown = " ".join(Path(a).name if a.startswith("/") else a for a in args)
-        _span(start, f"torch {self.torch_version}: {shown[:90]} -> {proc.returncode}")
+        cpu = f" ({proc.cpu:.0f} CPU-s)" if hasattr(proc, "cpu") else ""
+        _span(start, f"torch {self.torch_version}: {shown[:90]} -> {proc.returncode}{cpu}")
         return proc
 
     def uninstall_backends(self) -> None:
@@ -170,6 +173,7 @@ class TorchVenvs:
         self._stop = threading.Event()
         self._urgent = threading.Event()  # a test waits: no more `nice` until it has its venv
         self._proc: subprocess.Popen | None = None
+        self.last_cpu = 0.0  # CPU seconds of the last install command
         self.tools: Path | None = None
         ccache = _outer_ccache()
         if versions and ccache:
@@ -263,14 +267,12 @@ class TorchVenvs:
         )
         self._scenario_procs.add(proc)
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-            raise
+            out, err, cpu = wait_measured(proc, cpu_limit=timeout)
         finally:
             self._scenario_procs.discard(proc)
-        return subprocess.CompletedProcess(args, proc.returncode, out, err)
+        done = subprocess.CompletedProcess(args, proc.returncode, out, err)
+        done.cpu = cpu  # shown in the timeline
+        return done
 
     def outcome(self, nodeid: str) -> None:
         """Waits for the scenario of test `nodeid` and raises what it raised."""
@@ -294,7 +296,9 @@ class TorchVenvs:
         self._urgent.set()
         for proc in (self._proc, *list(self._scenario_procs)):
             try:
-                if proc is not None and proc.poll() is None:
+                # returncode, never poll(): poll() reaps the process, and the thread in wait_measured
+                # then finds no child to wait for (its CPU seconds lost with it)
+                if proc is not None and proc.returncode is None:
                     os.setpriority(os.PRIO_PGRP, proc.pid, 0)
             except OSError:  # lowering a niceness needs privileges
                 pass
@@ -311,11 +315,9 @@ class TorchVenvs:
             process_group=0,  # not a new session: see _NICE_WORKS
         )  # a process group: pip's children too
         try:
-            out, _ = self._proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._proc.pid, 9)
-            out, _ = self._proc.communicate()
-            return -1, f"timed out after {timeout:.0f} s\n{out}"
+            out, _, self.last_cpu = wait_measured(self._proc, cpu_limit=timeout)
+        except Overran as exc:
+            return -1, str(exc)
         return self._proc.returncode, out
 
     def _make_all(self) -> None:
@@ -356,7 +358,7 @@ class TorchVenvs:
             env=venv.env(),
         )
         self.timings[f"install torch {version}"] = time.monotonic() - start
-        _span(start, f"venv with torch {version} -> {rc}")
+        _span(start, f"venv with torch {version} -> {rc} ({self.last_cpu:.0f} CPU-s)")
         if rc != 0:
             self._failed[version] = out[-6000:]
             return
@@ -385,7 +387,7 @@ class TorchVenvs:
         """At the session's end: stop an install still running, delete the venvs (several GB each)."""
         self._stop.set()
         for proc in (self._proc, *list(self._scenario_procs)):
-            if proc is not None and proc.poll() is None:
+            if proc is not None and proc.returncode is None:  # not poll(): see _hurry
                 try:
                     os.killpg(proc.pid, 15)
                 except OSError:
@@ -399,6 +401,98 @@ class TorchVenvs:
             shutil.rmtree(self.base / f"venv-{version}", ignore_errors=True)
         if self.timings:
             log("timings: " + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items()))
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+STALL = 300.0  # s of wall time in which a background command used no CPU at all: it hangs
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds used so far by process `root` and every process below it: their own and those of
+    the children they reaped (a build's compilers are counted in ninja, ninja in backendgen, ...).
+    The tree, not the process group: backendgen runs a build in a process group of its own."""
+    children: dict[int, list[int]] = {}
+    used: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)  # after the name: state, ppid, ..., utime at 11
+        used[pid] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += used.get(pid, 0)
+        todo += children.get(pid, [])
+    return total / _TICK
+
+
+class Overran(Exception):
+    """A background command killed by wait_measured: what it overran, and its output so far."""
+
+    def __init__(self, why: str, out: str, err: str):
+        super().__init__(f"{why}\n--- its output's end ---\n{out[-3000:]}{err[-3000:]}")
+        self.out, self.err = out, err
+
+
+def wait_measured(proc: subprocess.Popen, cpu_limit: float) -> tuple[str, str, float]:
+    """(stdout, stderr, CPU seconds) of `proc`, the leader of its process group, once it ends (the
+    CPU of every process it and its children waited for, from wait4).
+
+    A background command runs under `nice` behind the session's own tests, so its wall time says
+    little: at nice 19 beside two busy cores it gets a few per cent of one (the CI machine's `new`
+    on torch 2.14.1 passed 900 s of wall time with its build half done). What it is held to is the
+    CPU it and its children use: killed (Overran) past `cpu_limit` CPU seconds (a runaway), or after STALL
+    seconds in which it used none (a hang: a process the scheduler starves still gets its share)."""
+    streams = {"out": proc.stdout, "err": proc.stderr}
+    read: dict[str, str] = {}
+    readers = [
+        threading.Thread(target=lambda k=k, f=f: read.__setitem__(k, f.read() if f else ""), daemon=True)
+        for k, f in streams.items()
+    ]
+    for reader in readers:
+        reader.start()
+    last, idle_since, why = 0.0, time.monotonic(), None
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # another thread reaped it (Popen.poll or wait): its exit code is on proc
+            if proc.returncode is None:
+                raise
+            status, usage = None, None
+            break
+        if pid:
+            break
+        used = tree_cpu(proc.pid)
+        now = time.monotonic()
+        if used > last + 0.05:
+            last, idle_since = used, now
+        if used > cpu_limit:
+            why = f"used more than {cpu_limit:.0f} s of CPU"
+        elif now - idle_since > STALL:
+            why = f"used no CPU for {STALL:.0f} s (it hangs)"
+        if why:
+            os.killpg(proc.pid, 9)
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(1)
+    if status is not None:
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join()
+    for f in streams.values():
+        if f:
+            f.close()
+    out, err = read.get("out") or "", read.get("err") or ""
+    if why:
+        raise Overran(f"{' '.join(map(str, proc.args))}: {why}", out, err)
+    # reaped elsewhere: the CPU last seen in its tree stands for what wait4 would have said
+    return out, err, (usage.ru_utime + usage.ru_stime) if usage else last
 
 
 def _du(path: Path) -> int:
