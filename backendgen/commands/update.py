@@ -226,8 +226,9 @@ def plan_template(project: Project, plan: Plan, result: UpdateResult, *, old: in
         )
         with template_of(new) as new_dir:
             theirs = render_files(new_dir, answers(project, new, __version__), Path(tmp) / "theirs")
+    skip = set(tool_owned())
     for rel in sorted(set(base) | set(theirs)):
-        if rel in tool_owned():
+        if rel in skip:
             continue
         b = base.get(rel, (None, 0))[0]
         t, mode = theirs.get(rel, (None, 0o644))

@@ -195,12 +195,13 @@ def choose_base(project: Project, version: int) -> Base:
         return Base(candidates[0], note + candidates[0].describe())
     context = answers(project, version, (project.record.backendgen_version or __version__))
     own: dict[str, str | None] = {}
+    skip = set(tool_owned())  # once: it reads the manifest (a path resolution per call)
 
     def score(state: history.State) -> tuple[int, int]:
         """(files the rendering and the project have byte for byte the same, minus the others the rendering has)"""
         same = other = 0
         for rel, digest in _rendered_hashes(state, context).items():
-            if rel in tool_owned():
+            if rel in skip:
                 continue
             if rel not in own:
                 path = project.root / rel
@@ -213,7 +214,7 @@ def choose_base(project: Project, version: int) -> Base:
 
     scored = [(*score(s), s.order, s) for s in candidates]
     best, _, _, state = max(scored, key=lambda t: t[:3])
-    total = len([rel for rel in _rendered_hashes(state, context) if rel not in tool_owned()])
+    total = len([rel for rel in _rendered_hashes(state, context) if rel not in skip])
     return Base(
         state,
         note + f"{state.describe()}, the state of template {version} whose rendering matches the most "
