@@ -105,8 +105,9 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     # the kernels' unit read the precompiled header, not the header itself (ninja's record of what it read)
     ninja_dir = next(root.glob("build/temp.*"))
     ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
+    [shard] = [u for u in root.glob("build/unity/ops-*.cpp") if "/csrc/aten/ops/abs.cpp" in u.read_text()]
     deps = subprocess.run(
-        [ninja, "-C", str(ninja_dir), "-t", "deps", str(ninja_dir / "build/unity/ops.o")],
+        [ninja, "-C", str(ninja_dir), "-t", "deps", str(ninja_dir / "build/unity" / f"{shard.stem}.o")],
         capture_output=True,
         text=True,
         check=True,
@@ -118,8 +119,13 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 1 and "abs.cpp" in out.stderr and "error" in out.stderr, out.stdout + out.stderr
     kernel.write_text(original)
+    ninja_log = next(root.glob("build/temp.*/.ninja_log"))
+    logged = len(ninja_log.read_text().splitlines())
     out = run_cli("build", "--project", str(root))
     assert out.returncode == 0 and "ninja and the link only" in out.stdout, out.stdout + out.stderr
+    # a kernel's edit recompiles its own shard of the kernels, none of the others
+    compiled = [line.split("\t")[3] for line in ninja_log.read_text().splitlines()[logged:]]
+    assert [Path(c).name for c in compiled if c.endswith(".o")] == [f"{shard.stem}.o"], compiled
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
     assert ran.returncode == 0 and ran.stdout.strip() == "[1.0, 2.0]", ran.stdout + ran.stderr
 
