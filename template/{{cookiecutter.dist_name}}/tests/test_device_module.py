@@ -35,7 +35,7 @@ import os, torch, {{ cookiecutter.package }}
 mod = getattr(torch, {DEVICE!r})
 print(mod._initialized)
 torch.ones(1, device={DEVICE!r})
-print(mod._initialized)
+print(mod._initialized, flush=True)  # a child would inherit (and write again) what is still buffered
 pid = os.fork()
 if pid == 0:
     print(mod._initialized, flush=True)

@@ -3,7 +3,7 @@ the host, queue their computation on the current stream and return without waiti
 
 Each case holds the stream (`_held_stream`: nothing queued on it runs until the block ends), calls a
 kernel written by hand in csrc/aten/ (the fused LSTM and GRU cells and their backward, scaled
-dot-product attention and its backward, a matmul with out_dtype=, histc, the SyncBatchNorm
+dot-product attention and its backward, a matmul with out_dtype=, histc, arange, the SyncBatchNorm
 statistics operators, batch norm), and records an event: a kernel that waited for the stream to
 drain would return only once the hold timed out, the event would be complete, and the hold fails
 the block. Then the results are compared with the CPU. On a driver without queued host work (the
@@ -151,6 +151,39 @@ def _histc_reference(x, ids):
     return [counts, torch.histc(ids.double(), bins=8, min=0, max=7).long(), counts]
 
 
+def _arange_inputs():
+    return []
+
+
+def _arange_device():
+    # every overload ends in arange.start_out on an empty tensor it must size; an out= of the right
+    # element count keeps its shape, as on the CPU
+    out, shaped = torch.empty(0, device=DEVICE), torch.empty(2, 5, device=DEVICE)
+    torch.arange(1, 10, 0.5, out=out)
+    torch.arange(10, out=shaped)
+    return [
+        torch.arange(64, device=DEVICE),
+        torch.arange(0, 64, 3, device=DEVICE, dtype=torch.float32),
+        torch.arange(5.0, -3.0, -0.75, device=DEVICE, dtype=torch.float64),
+        torch.arange(8, device=DEVICE, dtype=torch.bfloat16),
+        out,
+        shaped,
+    ]
+
+
+def _arange_reference():
+    shaped = torch.empty(2, 5)
+    torch.arange(10, out=shaped)
+    return [
+        torch.arange(64),
+        torch.arange(0, 64, 3, dtype=torch.float32),
+        torch.arange(5.0, -3.0, -0.75, dtype=torch.float64),
+        torch.arange(8, dtype=torch.bfloat16),
+        torch.arange(1, 10, 0.5),
+        shaped,
+    ]
+
+
 EPS = 1e-5
 
 
@@ -207,6 +240,7 @@ CASES = {
     "scaled_dot_product_attention": (_sdpa_inputs, _sdpa_device, _sdpa_reference),
     "out_dtype_matmul": (_out_dtype_inputs, _out_dtype_device, _out_dtype_reference),
     "histc": (_histc_inputs, _histc_device, _histc_reference),
+    "arange": (_arange_inputs, _arange_device, _arange_reference),
     "sync_batch_norm": (_sync_bn_inputs, _sync_bn_device, _bn_reference),
     "native_batch_norm": (_sync_bn_inputs, _bn_device, _native_bn_reference),
 }
@@ -231,4 +265,21 @@ def test_a_template_kernel_returns_before_the_stream_reaches_it(mod, case):
     assert len(results) == len(expected)
     for i, (got, want) in enumerate(zip(results, expected)):
         assert got.device.type == DEVICE, (case, i)
+        assert got.shape == want.shape and got.dtype == want.dtype, (case, i, got.shape, got.dtype)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4, msg=f"{case}: result {i}")
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [((0, 10, 0), {}), ((0, 10, -1), {}), ((10, 0, 1), {}), ((0, float("inf")), {}), ((4,), {"dtype": torch.bool})],
+    ids=["zero step", "step against the bounds", "bounds against the step", "infinite bound", "bool"],
+)
+def test_arange_refuses_what_the_cpu_refuses_in_the_call(mod, args, kwargs):
+    # the host decides arange's size, so an argument the CPU refuses is refused by the call itself,
+    # with the CPU's exception and message, never later from the queue
+    with pytest.raises(Exception) as cpu:
+        torch.arange(*args, **kwargs)
+    with pytest.raises(type(cpu.value)) as dev:
+        torch.arange(*args, device=DEVICE, **kwargs)
+    mod.synchronize()  # nothing was queued that fails
+    assert str(dev.value) == str(cpu.value)
