@@ -110,6 +110,40 @@ def test_an_out_the_operator_resizes_is_resized(mod):
         torch.tanh(xd, out=out)
         assert out.shape == (6,)
         torch.testing.assert_close(out.cpu(), torch.tanh(x))
+    for _ in range(3):  # an out with elements: resized with the CPU's warning (the call then waits)
+        out = torch.empty(2, 2, device=DEVICE)
+        with pytest.warns(UserWarning, match="An output with one or more elements was resized"):
+            torch.tanh(xd, out=out)
+        assert out.shape == (6,)
+        torch.testing.assert_close(out.cpu(), torch.tanh(x))
+
+
+@queued_kernels
+def test_an_empty_out_the_operator_resizes_is_queued(mod):
+    # every composite factory ends in an out= call on an empty tensor (torch.eye: eye.out, torch.polar:
+    # polar.out), as does the out= idiom on torch.empty(0): the host gives the out the meta kernel's
+    # size, so the call is a launch, and the caller sees the size at once
+    a, b = torch.rand(5, 3), torch.randn(5, 3)
+    ad, bd = a.to(DEVICE), b.to(DEVICE)
+
+    def calls():
+        out = torch.empty(0, device=DEVICE)
+        torch.tanh(bd, out=out)
+        return torch.eye(7, 4, device=DEVICE), torch.polar(ad, bd), out
+
+    for _ in range(3):
+        calls()
+    mod.synchronize()
+    with mod._held_stream():
+        eye, polar, out = calls()
+        done = torch.Event(device=DEVICE)
+        done.record()
+        assert not done.query(), "a call on an empty out= waited for the stream"
+        assert eye.shape == (7, 4) and polar.shape == (5, 3) and polar.dtype == torch.complex64 and out.shape == (5, 3)
+    mod.synchronize()
+    torch.testing.assert_close(eye.cpu(), torch.eye(7, 4))
+    torch.testing.assert_close(polar.cpu(), torch.polar(a, b))
+    torch.testing.assert_close(out.cpu(), torch.tanh(b))
 
 
 @requires("spin")

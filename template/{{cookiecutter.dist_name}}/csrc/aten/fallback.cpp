@@ -717,7 +717,9 @@ void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack&
 // What stays a synchronous call (above): operators the host must wait for or cannot stage — a
 // result that is not a Tensor (item, equal), sizes that depend on the data (nonzero, unique,
 // masked_select: tagged so, or no meta kernel, or one that raises), views, Tensor[] or optional
-// results, a written Tensor[] or optional argument, an out= argument the operator resizes,
+// results, a written Tensor[] or optional argument, an out= argument with elements the operator
+// resizes (an empty out= is resized on the host to the meta kernel's geometry, and queued: every
+// composite factory, `torch.eye` say, ends in an out= call on an empty tensor),
 // random operators (they draw from the device's generator in call order), factory operators
 // (a device= argument), sparse, nested and quantized tensors, arguments on two devices, operators
 // outside aten (their CPU kernel may be Python code, which queued work must not run), a meta pass
@@ -785,6 +787,7 @@ struct Plan {
   size_t begin = 0, nargs = 0;
   std::vector<ArgKind> kinds;
   std::vector<size_t> written;  // arguments the schema marks written (plain Tensor(a!))
+  std::vector<bool> written_out;  // per written argument: an out= argument (which the operator may resize)
   std::vector<int> ret_arg;     // per return: the written argument it is, or -1 (a new result)
   std::vector<const void*> storages;  // the arguments' storages, in order of first use (for `key`)
   std::string signature;  // the kind of call (dtypes, ranks, layouts): what a verdict is for
@@ -792,7 +795,8 @@ struct Plan {
   OpTrust* trust = nullptr;
   Verdict verdict = Verdict::unknown;
   bool first_sight = true;                       // the exact call was not seen before: no meta pass
-  std::optional<std::vector<at::Tensor>> cached;  // the meta results of the same call, if queued before
+  // the same call's meta pass, if it was queued before: its results, then its written arguments
+  std::optional<std::vector<at::Tensor>> cached;
 };
 
 template <typename T>
@@ -893,6 +897,7 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const torch::jit::S
     if (declares_write(args[i])) {
       if (kind != ArgKind::tensor || !v.isTensor() || !on_device(v.toTensor())) return std::nullopt;
       plan.written.push_back(i);
+      plan.written_out.push_back(args[i].is_out());
     }
     if (kind == ArgKind::other) {
       // non-tensor arguments belong to the kind of call too (batch norm's training flag, fft's dims)
@@ -953,11 +958,19 @@ std::optional<Plan> plan_call(const c10::OperatorHandle& op, const torch::jit::S
   return plan;
 }
 
-// Keeps a queueable meta pass's results for the next same call.
-void remember_meta(const Plan& plan, const std::vector<at::Tensor>& results) {
+// A queueable meta pass's outcome, as queue_call takes it: the results, then the written arguments.
+std::vector<at::Tensor> meta_outcome(const Plan& plan, const std::vector<at::Tensor>& results,
+                                     const std::vector<c10::IValue>& args) {
+  std::vector<at::Tensor> outcome = results;
+  for (size_t w : plan.written) outcome.push_back(args[w].toTensor());
+  return outcome;
+}
+
+// Keeps a queueable meta pass's outcome for the next same call.
+void remember_meta(const Plan& plan, const std::vector<at::Tensor>& outcome) {
   TrustTable& table = trust_table();
   std::lock_guard<std::mutex> lock(table.mu);
-  plan.trust->metas[plan.key] = results;
+  plan.trust->metas[plan.key] = outcome;
 }
 
 void set_verdict(OpTrust* trust, const std::string& signature, Verdict verdict) {
@@ -1040,13 +1053,21 @@ bool meta_storage_of_argument(const MetaRun& meta, const at::Tensor& r) {
   return false;
 }
 
+// An out= argument with no elements that the meta kernel resized to dense memory: the host resizes
+// it the same way before it queues the call (resize_output does not warn for an empty tensor).
+bool grows_from_empty(const at::Tensor& device_t, const at::Tensor& meta) {
+  return device_t.numel() == 0 && meta.storage_offset() == device_t.storage_offset() &&
+         meta.is_non_overlapping_and_dense();
+}
+
 // Whether this call can be queued with the outputs the meta pass decided: every written argument
-// keeps its geometry, and every new result is new dense memory.
+// keeps its geometry (or is an empty out= that grows), and every new result is new dense memory.
 bool queueable(const torch::jit::Stack& stack, const Plan& plan, const MetaRun& meta) {
-  for (size_t w : plan.written) {
-    const at::Tensor& m = meta.args[w].toTensor();
-    const at::Tensor& d = stack[plan.begin + w].toTensor();
-    if (!kernels::same_geometry(d, m) || m.dtype() != d.dtype()) return false;
+  for (size_t i = 0; i < plan.written.size(); ++i) {
+    const at::Tensor& m = meta.args[plan.written[i]].toTensor();
+    const at::Tensor& d = stack[plan.begin + plan.written[i]].toTensor();
+    if (m.dtype() != d.dtype()) return false;
+    if (!kernels::same_geometry(d, m) && !(plan.written_out[i] && grows_from_empty(d, m))) return false;
   }
   for (size_t r = 0; r < plan.ret_arg.size(); ++r) {
     const at::Tensor& m = meta.results[r];
@@ -1184,9 +1205,19 @@ void QueuedCall::run() {
   c.stats[trust->name].nanos += ns.count();
 }
 
-// Queues the call (its meta pass decided the outputs) and leaves its results on the stack.
+// Queues the call (its meta pass decided the outputs: `meta`, as meta_outcome orders it) and
+// leaves its results on the stack.
 void queue_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Plan& plan,
-                const std::vector<at::Tensor>& meta_results) {
+                const std::vector<at::Tensor>& meta) {
+  // an empty out= the operator resizes (queueable): resized here, as the CPU kernel would, so the
+  // queued kernel finds it the right size and the caller sees the size at once
+  for (size_t i = 0; i < plan.written.size(); ++i) {
+    at::Tensor out = (*stack)[plan.begin + plan.written[i]].toTensor();
+    const at::Tensor& m = meta[plan.ret_arg.size() + i];
+    if (kernels::same_geometry(out, m)) continue;
+    out.resize_(m.sizes());
+    if (out.strides() != m.strides()) out.as_strided_(m.sizes(), m.strides(), m.storage_offset());
+  }
   auto call = std::make_shared<QueuedCall>(op);
   call->trust = plan.trust;
   call->signature = plan.signature;
@@ -1233,7 +1264,7 @@ void queue_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, const P
       call->output_defined.push_back(true);
       continue;
     }
-    const at::Tensor out = kernels::empty_like_meta(meta_results[r], plan.device);
+    const at::Tensor out = kernels::empty_like_meta(meta[r], plan.device);
     call->output_defined.push_back(out.defined());
     call->outputs.emplace_back(out);
     results.emplace_back(out);
@@ -1296,8 +1327,9 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   if (plan.has_value() && (!plan->first_sight || capturing)) meta = run_meta(op, *stack, *plan);
   if (meta.has_value() && (plan->verdict == Verdict::trusted || (capturing && plan->verdict == Verdict::unknown)) &&
       queueable(*stack, *plan, *meta)) {
-    remember_meta(*plan, meta->results);
-    queue_call(op, stack, *plan, meta->results);
+    std::vector<at::Tensor> outcome = meta_outcome(*plan, meta->results, meta->args);
+    remember_meta(*plan, outcome);
+    queue_call(op, stack, *plan, outcome);
     return;
   }
   const bool judge = meta.has_value() && plan->verdict == Verdict::unknown;
