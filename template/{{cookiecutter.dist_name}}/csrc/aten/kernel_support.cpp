@@ -376,8 +376,10 @@ StreamScope::StreamScope(c10::Device device, const char* name)
   const driver::Status status =
       has_host_tasks() ? driver::hold_stream(device_, stream_) : driver::stream_synchronize(device_, stream_);
   // names the call: during a graph capture, the one that cannot be captured
-  TORCH_CHECK(status == driver::Status::ok, "{{ cookiecutter.device }}: ", name_ != nullptr ? name_ : "a call on the stream",
-              " waits for its stream, and the driver refused: ", driver::status_string(status));
+  if (status != driver::Status::ok) {
+    {{ cookiecutter.DEVICE }}_DRIVER_ERROR(status, "{{ cookiecutter.device }}: ", name_ != nullptr ? name_ : "a call on the stream",
+                                           " waits for its stream, and the driver refused: ", driver::status_string(status));
+  }
   if (!host_mapped()) staging_ = std::make_unique<detail::StagingScope>(device_, stream_);
 }
 

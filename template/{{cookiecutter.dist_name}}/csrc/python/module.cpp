@@ -36,11 +36,36 @@ namespace {
 
 namespace dev = {{ cookiecutter.device }};
 
+// Sets torch.AcceleratorError for a driver's failure (as torch's own bindings do, with the status
+// as its error_code); RuntimeError if torch has no such class.
+void set_accelerator_error(const c10::AcceleratorError& e) {
+  static PyObject* cls = [] {
+    PyObject* torch = PyImport_ImportModule("torch");
+    PyObject* found = torch != nullptr ? PyObject_GetAttrString(torch, "AcceleratorError") : nullptr;
+    Py_XDECREF(torch);
+    if (found == nullptr) PyErr_Clear();
+    return found;  // kept for the process's life
+  }();
+  PyObject* exc = cls != nullptr ? PyObject_CallFunction(cls, "s", e.what_without_backtrace()) : nullptr;
+  if (exc == nullptr) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    return;
+  }
+  PyObject* code = PyLong_FromLong(e.get_error_code());
+  if (code == nullptr || PyObject_SetAttrString(exc, "error_code", code) != 0) PyErr_Clear();
+  Py_XDECREF(code);
+  PyErr_SetObject(cls, exc);
+  Py_DECREF(exc);
+}
+
 // Runs `body`, turning a C++ exception into the matching Python one (nullptr return).
 template <typename F>
 PyObject* guarded(F&& body) {
   try {
     return body();
+  } catch (const c10::AcceleratorError& e) {
+    set_accelerator_error(e);
   } catch (const c10::IndexError& e) {
     PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
   } catch (const c10::ValueError& e) {

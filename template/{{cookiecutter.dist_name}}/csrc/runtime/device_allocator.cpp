@@ -360,8 +360,10 @@ class DeviceAllocator final : public c10::DeviceAllocator {
                        d.stats.allocated_bytes[0].current, " bytes allocated by tensors, ",
                        d.stats.reserved_bytes[0].current, " reserved by the caching allocator)");
     }
-    TORCH_CHECK(s == driver::Status::ok, "{{ cookiecutter.device }} driver: malloc of ", size, " bytes on device ",
-                int(device), " failed: ", driver::status_string(s));
+    if (s != driver::Status::ok) {
+      {{ cookiecutter.DEVICE }}_DRIVER_ERROR(s, "{{ cookiecutter.device }} driver: malloc of ", size, " bytes on device ",
+                                             int(device), " failed: ", driver::status_string(s));
+    }
     auto* seg = new Segment();
     seg->ptr = static_cast<char*>(ptr);
     seg->size = size;

@@ -105,7 +105,7 @@ class DeviceGraph final : public at::GraphImplInterface {
     forget_capture();
     if (status != driver::Status::ok) {
       release();
-      TORCH_CHECK(false, "{{ cookiecutter.device }} graph capture failed: ", driver::status_string(status));
+      {{ cookiecutter.DEVICE }}_DRIVER_ERROR(status, "{{ cookiecutter.device }} graph capture failed: ", driver::status_string(status));
     }
     graph_ = graph;
     if (!keep_graph_) {

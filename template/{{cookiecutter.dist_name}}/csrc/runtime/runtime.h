@@ -14,12 +14,21 @@
 
 #include "driver/driver.h"
 
+// A driver call's failure: c10::AcceleratorError, which Python sees as torch.AcceleratorError (a
+// RuntimeError, as CUDA's errors are), the driver's status as its error_code; the rest of the
+// arguments make the message.
+#define {{ cookiecutter.DEVICE }}_DRIVER_ERROR(status, ...)                                            \
+  throw ::c10::AcceleratorError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, \
+                                static_cast<int32_t>(status), ::c10::str(__VA_ARGS__))
+
 // Fail with a Python-visible error naming the driver call and its status.
 #define {{ cookiecutter.DEVICE }}_CHECK(expr)                                                       \
   do {                                                                                            \
     ::{{ cookiecutter.device }}::driver::Status status_ = (expr);                                 \
-    TORCH_CHECK(status_ == ::{{ cookiecutter.device }}::driver::Status::ok, "{{ cookiecutter.device }} driver: ", \
-                #expr, " failed: ", ::{{ cookiecutter.device }}::driver::status_string(status_));            \
+    if (status_ != ::{{ cookiecutter.device }}::driver::Status::ok) {                             \
+      {{ cookiecutter.DEVICE }}_DRIVER_ERROR(status_, "{{ cookiecutter.device }} driver: ", #expr, " failed: ", \
+                                             ::{{ cookiecutter.device }}::driver::status_string(status_)); \
+    }                                                                                             \
   } while (0)
 
 namespace {{ cookiecutter.device }}::runtime {
