@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -66,8 +67,11 @@ struct Allocation {
 };
 
 struct MemoryState {
-  std::mutex mu;
-  int count = kDefaultDevices;
+  // Read at every launch (count) and for every tensor a kernel reads (generation): a cache line of
+  // their own, which no allocating thread writes; mu is taken by every allocation and lookup.
+  alignas(64) int count = kDefaultDevices;
+  std::atomic<uint64_t> generation{0};  // bumped when an allocation leaves the table (host_address's cache)
+  alignas(64) std::mutex mu;
   std::vector<size_t> limit, used;
   std::map<const char*, Allocation> allocations;  // device address -> allocation
   std::map<const char*, size_t> pinned;  // pinned host block -> its size in bytes
@@ -181,7 +185,7 @@ int device_count() { return memory().count; }
 Status init() {
   MemoryState& s = memory();
   if (s.bad_fork) return Status::forked;
-  s.initialized = true;
+  if (!s.initialized.load(std::memory_order_relaxed)) s.initialized = true;  // not a store at every launch
   return Status::ok;
 }
 
@@ -259,6 +263,7 @@ Status free(void* ptr, int* device, size_t* bytes) {
     a = it->second;
     s.used[a.device] -= a.bytes;
     s.allocations.erase(it);
+    s.generation.fetch_add(1, std::memory_order_release);
   }
   if (device != nullptr) *device = a.device;
   if (bytes != nullptr) *bytes = a.bytes;
@@ -344,12 +349,36 @@ const char* capability_name(Capability capability) {
   return "unknown";
 }
 
+// The allocations this thread looked up last, valid while no allocation has left the table since
+// (MemoryState::generation): a kernel's arguments are found without taking mu, which the host's
+// allocations take, and without a walk of the table.
+struct Looked {
+  const char* device;
+  size_t mapped;
+  char* host;
+};
+constexpr size_t kLooked = 8;
+thread_local std::array<Looked, kLooked> looked{};
+thread_local size_t looked_next = 0;
+thread_local uint64_t looked_generation = ~uint64_t{0};
+
 void* host_address(const void* ptr) {
   MemoryState& s = memory();
+  const char* p = static_cast<const char*>(ptr);
+  const uint64_t generation = s.generation.load(std::memory_order_acquire);
+  if (generation == looked_generation) {
+    for (const Looked& l : looked) {
+      if (l.device != nullptr && p >= l.device && p < l.device + l.mapped) return l.host + (p - l.device);
+    }
+  } else {
+    looked.fill(Looked{});
+    looked_generation = generation;
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   const auto* entry = find(ptr);
   if (entry == nullptr) return nullptr;
-  return entry->second.host + (static_cast<const char*>(ptr) - entry->first);
+  looked[looked_next++ % kLooked] = Looked{entry->first, entry->second.mapped, entry->second.host};
+  return entry->second.host + (p - entry->first);
 }
 
 Status set_memory_limit(int device, size_t bytes) {
@@ -425,6 +454,7 @@ Status ipc_close(void* base) {
     if (it == s.allocations.end() || !it->second.imported) return Status::invalid_value;
     a = it->second;
     s.allocations.erase(it);
+    s.generation.fetch_add(1, std::memory_order_release);
   }
   unmap(base, a);
   return Status::ok;
