@@ -146,6 +146,27 @@ def test_an_empty_out_the_operator_resizes_is_queued(mod):
     torch.testing.assert_close(out.cpu(), torch.tanh(b))
 
 
+@queued_kernels
+def test_a_factory_through_the_fallback_is_queued(mod):
+    # torch.tril_indices and triu_indices: CPU kernels with a device= argument and no tensor argument,
+    # so nothing they compute depends on the device's data: the CPU kernel runs on the host at once,
+    # and its results reach the device by a copy queued on the current stream
+    def calls():
+        return torch.tril_indices(5, 4, 1, device=DEVICE), torch.triu_indices(4, 6, -1, device=DEVICE)
+
+    calls()
+    mod.synchronize()
+    with mod._held_stream(timeout_s=3.0):
+        tril, triu = calls()
+        done = torch.Event(device=DEVICE)
+        done.record()
+        assert not done.query(), "a factory call through the fallback waited for the stream"
+        assert tril.device.type == DEVICE and tril.shape == torch.tril_indices(5, 4, 1).shape
+    mod.synchronize()
+    assert torch.equal(tril.cpu(), torch.tril_indices(5, 4, 1))
+    assert torch.equal(triu.cpu(), torch.triu_indices(4, 6, -1))
+
+
 @requires("spin")
 def test_an_operator_whose_result_size_depends_on_the_data_still_waits(mod):
     x = torch.tensor([0.0, 1.0, 0.0, 2.0])

@@ -255,6 +255,17 @@ class Staging {
   // Whether an argument is a nested tensor: the CPU kernel to run is then NestedTensorCPU's.
   bool nested() const { return nested_; }
 
+  // A factory call: a device= argument names this device, and no argument reaches device memory,
+  // so the CPU kernel reads nothing the stream's queued work may still write.
+  bool factory() const {
+    return device_arg_.has_value() && !first_device_.has_value() && storages_.empty() && tensors_.empty() &&
+           sparse_.empty() && !nested_ && !results_on_host_;
+  }
+
+  // From now on, a new result reaches the device by a copy queued on the current stream (a launch,
+  // holding the host result until it has run) instead of a copy the host waits for.
+  void queue_result_copies() { queue_copies_ = true; }
+
   // Whether a result of the CPU kernel is (or is on the memory of) a staged argument.
   bool aliases_argument(const at::Tensor& h) const {
     if (!h.defined() || !h.has_storage()) return false;
@@ -388,6 +399,7 @@ class Staging {
   std::optional<c10::Device> device_arg_;
   bool results_on_host_ = false;
   bool nested_ = false;
+  bool queue_copies_ = false;
 
   // A new host storage (a new result's) copied to a device storage, once per storage.
   const c10::Storage& device_copy(const c10::Storage& host);
@@ -483,7 +495,19 @@ const c10::Storage& Staging::device_copy(const c10::Storage& host) {
   if (it == new_results_.end()) {
     const size_t n = host.nbytes();
     c10::Storage fresh = new_device_storage(n, device());
-    if (n > 0) {
+    if (n > 0 && queue_copies_) {
+      const at::Tensor bytes = tensor_on(fresh, c10::DispatchKey::PrivateUse1, caffe2::TypeMeta::Make<uint8_t>(),
+                                         {static_cast<int64_t>(n)}, {1}, 0, at::Tensor());
+      kernels::launch(device(), "cpu fallback: a new result to the device",
+                      [host, to = kernels::held(bytes), n]() mutable {
+                        void* dst = to.get().data_ptr();
+                        if (host.data() == nullptr) {
+                          std::memset(dst, 0, n);  // an efficient zero tensor has no memory
+                        } else {
+                          std::memcpy(dst, host.data(), n);
+                        }
+                      });
+    } else if (n > 0) {
       // an efficient zero tensor (autograd's zeros) has no memory: the device gets real zeros
       std::vector<char> zeros(host.data() == nullptr ? n : 0);
       const void* src = zeros.empty() ? host.data() : zeros.data();
@@ -517,6 +541,17 @@ at::Tensor Staging::nested_to_device(const at::Tensor& h, bool view) {
 // locked until the kernel's draws are written back; they are locked in one order (by address) so
 // two threads lending overlapping sets cannot deadlock, and a generator that appears twice (the
 // default generator passed explicitly) is locked once.
+// Whether an operator draws from a generator: its draws are ordered on the stream (Generators, below).
+bool draws_random_numbers(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return true;
+  for (const c10::Argument& arg : op.schema().arguments()) {
+    const c10::TypePtr& type = arg.type();
+    const c10::TypePtr elem = type->kind() == c10::TypeKind::OptionalType ? type->castRaw<c10::OptionalType>()->getElementType() : type;
+    if (elem->kind() == c10::TypeKind::GeneratorType) return true;
+  }
+  return false;
+}
+
 class Generators {
  public:
   Generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
@@ -720,11 +755,12 @@ void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack&
 // results, a written Tensor[] or optional argument, an out= argument with elements the operator
 // resizes (an empty out= is resized on the host to the meta kernel's geometry, and queued: every
 // composite factory, `torch.eye` say, ends in an out= call on an empty tensor),
-// random operators (they draw from the device's generator in call order), factory operators
-// (a device= argument), sparse, nested and quantized tensors, arguments on two devices, operators
+// random operators (they draw from the device's generator in call order), sparse, nested and quantized tensors, arguments on two devices, operators
 // outside aten (their CPU kernel may be Python code, which queued work must not run), a meta pass
 // that warns (the CPU kernel then warns as before) or that raises (the CPU kernel then raises its
 // own error, as before) — and a call whose meta kernel is not yet known to agree with the CPU's.
+// A factory operator (a device= argument, no device tensor: torch.tril_indices) reads no device
+// memory: it runs on the host at once, and its results reach the device by copies queued on the stream.
 //
 // Trust: a meta kernel is PyTorch's statement of what the CPU kernel returns, but a few disagree
 // (strides, mostly). So the first call of an operator for each kind of arguments (dtypes, ranks,
@@ -1336,6 +1372,18 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   Staging staging(op, stack, name);  // which device storages the arguments reach; nothing copied yet
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
+  if (staging.factory() && !judge && !draws_random_numbers(op)) {
+    // A factory (torch.tril_indices(..., device=)): its results depend on its arguments alone, so its
+    // CPU kernel runs now, without waiting for the stream, and they reach the device by queued copies.
+    op.redispatchBoxed(cpu_keys, stack);
+    staging.queue_result_copies();
+    const std::vector<c10::Argument>& returns = schema.returns();
+    const size_t first = stack->size() - returns.size();
+    for (size_t i = 0; i < returns.size(); ++i) {
+      (*stack)[first + i] = staging.to_device((*stack)[first + i], returns_view(returns[i]));
+    }
+    return;
+  }
   // One item on the current stream: after the work queued there (held, the stream's queue waits
   // behind us), the staging copies, the CPU kernel and the copies back run as its next item.
   kernels::StreamScope on_stream(device, "cpu fallback");
