@@ -42,6 +42,7 @@ def main() -> None:
         "tanh(out=empty(0))": lambda: torch.tanh(x, out=torch.empty(0, device=DEV)),
         "torch.sigmoid": lambda: torch.sigmoid(x),
         "torch.arange(64)": lambda: torch.arange(64, device=DEV),
+        "torch.tril_indices": lambda: torch.tril_indices(64, 64, device=DEV),
     }
     for name, fn in cases.items():
         print(f"{name:22s}", " ".join(f"{v:8.2f}" for v in host_ms(fn)))
