@@ -536,22 +536,23 @@ at::Tensor Staging::nested_to_device(const at::Tensor& h, bool view) {
   return nested::over_storage(device_copy(storage), c10::DispatchKey::PrivateUse1, h);
 }
 
-// Lends device generators to the CPU kernel (see the top of this file). Every device generator
-// involved — each generator argument and, for a seeded operator, the device's default one — stays
-// locked until the kernel's draws are written back; they are locked in one order (by address) so
-// two threads lending overlapping sets cannot deadlock, and a generator that appears twice (the
-// default generator passed explicitly) is locked once.
 // Whether an operator draws from a generator: its draws are ordered on the stream (Generators, below).
 bool draws_random_numbers(const c10::OperatorHandle& op) {
   if (op.hasTag(at::Tag::nondeterministic_seeded)) return true;
   for (const c10::Argument& arg : op.schema().arguments()) {
     const c10::TypePtr& type = arg.type();
-    const c10::TypePtr elem = type->kind() == c10::TypeKind::OptionalType ? type->castRaw<c10::OptionalType>()->getElementType() : type;
+    const c10::TypePtr elem =
+        type->kind() == c10::TypeKind::OptionalType ? type->castRaw<c10::OptionalType>()->getElementType() : type;
     if (elem->kind() == c10::TypeKind::GeneratorType) return true;
   }
   return false;
 }
 
+// Lends device generators to the CPU kernel (see the top of this file). Every device generator
+// involved — each generator argument and, for a seeded operator, the device's default one — stays
+// locked until the kernel's draws are written back; they are locked in one order (by address) so
+// two threads lending overlapping sets cannot deadlock, and a generator that appears twice (the
+// default generator passed explicitly) is locked once.
 class Generators {
  public:
   Generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
@@ -755,10 +756,11 @@ void check_mixed_devices(const c10::OperatorHandle& op, const torch::jit::Stack&
 // results, a written Tensor[] or optional argument, an out= argument with elements the operator
 // resizes (an empty out= is resized on the host to the meta kernel's geometry, and queued: every
 // composite factory, `torch.eye` say, ends in an out= call on an empty tensor),
-// random operators (they draw from the device's generator in call order), sparse, nested and quantized tensors, arguments on two devices, operators
-// outside aten (their CPU kernel may be Python code, which queued work must not run), a meta pass
-// that warns (the CPU kernel then warns as before) or that raises (the CPU kernel then raises its
-// own error, as before) — and a call whose meta kernel is not yet known to agree with the CPU's.
+// random operators (they draw from the device's generator in call order), sparse, nested and
+// quantized tensors, arguments on two devices, operators outside aten (their CPU kernel may be
+// Python code, which queued work must not run), a meta pass that warns (the CPU kernel then warns
+// as before) or that raises (the CPU kernel then raises its own error, as before) — and a call
+// whose meta kernel is not yet known to agree with the CPU's.
 // A factory operator (a device= argument, no device tensor: torch.tril_indices) reads no device
 // memory: it runs on the host at once, and its results reach the device by copies queued on the stream.
 //
