@@ -536,16 +536,14 @@ at::Tensor Staging::nested_to_device(const at::Tensor& h, bool view) {
   return nested::over_storage(device_copy(storage), c10::DispatchKey::PrivateUse1, h);
 }
 
-// Whether an operator draws from a generator: its draws are ordered on the stream (Generators, below).
-bool draws_random_numbers(const c10::OperatorHandle& op) {
+// Whether a call draws from a device generator: the operator is seeded (it draws from the device's
+// default generator) or a device generator is among its arguments. Generators (below) lends them.
+bool draws_from_device_generator(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   if (op.hasTag(at::Tag::nondeterministic_seeded)) return true;
-  for (const c10::Argument& arg : op.schema().arguments()) {
-    const c10::TypePtr& type = arg.type();
-    const c10::TypePtr elem =
-        type->kind() == c10::TypeKind::OptionalType ? type->castRaw<c10::OptionalType>()->getElementType() : type;
-    if (elem->kind() == c10::TypeKind::GeneratorType) return true;
-  }
-  return false;
+  const size_t n = op.schema().arguments().size();
+  return std::any_of(stack.end() - static_cast<std::ptrdiff_t>(n), stack.end(), [](const c10::IValue& v) {
+    return v.isGenerator() && v.toGenerator().device().type() == c10::DeviceType::PrivateUse1;
+  });
 }
 
 // Lends device generators to the CPU kernel (see the top of this file). Every device generator
@@ -556,6 +554,7 @@ bool draws_random_numbers(const c10::OperatorHandle& op) {
 class Generators {
  public:
   Generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
+    if (!draws_from_device_generator(op, *stack)) return;
     const size_t n = op.schema().arguments().size();
     const bool seeded = op.hasTag(at::Tag::nondeterministic_seeded);
     std::vector<at::Generator> involved;
@@ -565,7 +564,6 @@ class Generators {
         involved.push_back(v.toGenerator());
       }
     }
-    if (involved.empty() && !seeded) return;
     if (seeded) involved.push_back(runtime::default_generator(device.index()));
     std::sort(involved.begin(), involved.end(), [](const at::Generator& a, const at::Generator& b) {
       return a.unsafeGetGeneratorImpl() < b.unsafeGetGeneratorImpl();
@@ -1374,7 +1372,7 @@ void run_on_cpu_as(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10:
   Staging staging(op, stack, name);  // which device storages the arguments reach; nothing copied yet
   const c10::Device device = staging.device();
   c10::DeviceGuard guard(device);
-  if (staging.factory() && !judge && !draws_random_numbers(op)) {
+  if (staging.factory() && !judge && !draws_from_device_generator(op, *stack)) {
     // A factory (torch.tril_indices(..., device=)): its results depend on its arguments alone, so its
     // CPU kernel runs now, without waiting for the stream, and they reach the device by queued copies.
     op.redispatchBoxed(cpu_keys, stack);
