@@ -358,7 +358,7 @@ def test_a_file_the_team_did_not_edit_never_conflicts(old_backendgen, tmp_path):
 
 def test_update_adds_the_default_kernels_except_those_the_team_registers(old_backendgen, tmp_path):
     """A project from before the first model's operators were default ops gets their kernels (as
-    `new` writes them), except one its own C++ registers already: two registrations abort the load."""
+    `new` writes them), except one its own C++ registers already: torch would keep whichever registers last."""
     root = _copy(old_backendgen(9, DEVICE_30), tmp_path / "p")
     mine = 'TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {\n  m.impl("mm.out", TORCH_FN(team::mm_out));\n}\n'
     (root / TEAM_FILE).write_text("// the team's own matrix product\n" + mine)
@@ -371,6 +371,41 @@ def test_update_adds_the_default_kernels_except_those_the_team_registers(old_bac
     assert (root / "tests/ops/test_view_as_real.py").is_file() and Project.load(root).find_op("aten::view_as_real")
     registered = (root / REGISTRATION_FILE).read_text()
     assert 'm.impl("addmm.out"' in registered and 'm.impl("mm.out"' not in registered
+
+
+def test_an_add_op_kernel_the_new_template_registers_itself_is_refused_until_removed(old_backendgen, tmp_path):
+    """Template 12 registers aten::arange.start_out itself (csrc/aten/factories.cpp): a template-11 project
+    whose team add-op'd it would register two kernels for it, and torch would keep whichever registers last."""
+    made = old_backendgen(CURRENT - 1, DEVICE_30)
+    root = _copy(made, tmp_path / "p")
+    tool = made.parent / "tool"  # the template-11 backendgen that made it
+    env = {**os.environ, "PYTHONPATH": str(tool), "BACKENDGEN_CACHE_DIR": str(made.parent / "cache")}
+    env.pop("BACKENDGEN_TEMPLATE_DIR", None)
+    script = (
+        "from pathlib import Path\nfrom backendgen import api\n"
+        f"api.add_ops(['arange.start_out'], Path({str(root)!r}), build_it=False)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _commit(root, "our arange")
+    before = _tree(root)
+    out = run_cli("update", "--no-build", "--project", str(root))
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert (
+        "aten::arange.start_out: template 12 registers it itself (csrc/aten/factories.cpp), and so does your kernel "
+        "csrc/aten/ops/arange_start_out.cpp" in out.stderr
+    ), out.stderr
+    assert _tree(root) == before  # nothing written
+    # as the message says: remove it, then update
+    out = run_cli("remove-op", "aten::arange.start_out", "--project", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    _commit(root, "no arange of our own")
+    out = run_cli("update", "--no-build", "--project", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    registrations = [
+        p for p in (root / "csrc").rglob("*.cpp") if 'm.impl("arange.start_out"' in p.read_text(errors="replace")
+    ]
+    assert [p.relative_to(root).as_posix() for p in registrations] == ["csrc/aten/factories.cpp"]
 
 
 def test_a_recorded_template_state_is_the_merge_base(old_backendgen, tmp_path):

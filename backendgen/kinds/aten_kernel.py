@@ -134,6 +134,8 @@ class AtenKernels:
     def carry(self, project: Project, db: OpDB, step) -> None:
         """Kernels add-op wrote, in the current kernel shape (merged where edited); when the template
         moves, the template's own records and the kernels a fresh project has."""
+        if step.moves:
+            refuse_template_clashes(project, step.new)
         carry_kernels(project, db, step)
         if step.moves:
             refresh_template_records(project, db)
@@ -544,7 +546,8 @@ def add_default_kernels(project: Project, db: OpDB, step: UpdateStep) -> None:
     `backendgen new` writes them, so the current template's tests (a first model, every view
     operator without the CPU fallback) hold for an updated project too. An operator the project
     already makes native (an add-op record, or an `m.impl` at PrivateUse1 in one of its own C++
-    files: two registrations abort the load) or whose kernel path is taken is left out, with a note."""
+    files: torch would keep whichever of two kernels registers last) or whose kernel path is taken
+    is left out, with a note."""
     tpl = manifest.load()
     views, _ = kernelgen.view_ops_needing_kernels(db, tpl.builtin_ops())
     own: set[str] = set()
@@ -631,6 +634,23 @@ def kernel_base(
         candidates, key=lambda c: difflib.SequenceMatcher(None, c.splitlines(), ours_lines, autojunk=False).ratio()
     )
     return closest, False
+
+
+def refuse_template_clashes(project: Project, new: int) -> None:
+    """Refuse (ProjectError, before anything is written) to carry a project to a template that
+    registers natively an operator one of the project's add-op kernels registers: the package would
+    register two kernels for it at PrivateUse1, and torch keeps whichever registers last (with a
+    warning): which one runs would depend on the link order. The team chooses which kernel stays."""
+    tpl = manifest.load()
+    for rec in project.ops:
+        point = tpl.registering(rec.op) if rec.origin == "add-op" else None
+        if point is not None:
+            where = ", ".join(p for p in point.paths if "*" not in p and not p.endswith("/")) or point.name
+            raise ProjectError(
+                f"{rec.op}: template {new} registers it itself ({where}), and so does your kernel {rec.source}; "
+                f"torch would run whichever registers last: backendgen remove-op {rec.op} (copy your kernel first if "
+                "you want it), then update again"
+            )
 
 
 def refresh_template_records(project: Project, db: OpDB) -> None:
