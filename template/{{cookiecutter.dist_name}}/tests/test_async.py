@@ -267,3 +267,31 @@ def test_host_code_cannot_touch_device_memory_by_accident():
     # Reading a device pointer on the host is a crash here, as on a real accelerator.
     out = HOST_READS_DEVICE_MEMORY.result()
     assert out.returncode == -signal.SIGSEGV, (out.returncode, out.stdout, out.stderr[-2000:])
+
+
+# Several threads launching onto one stream at once, each pausing now and then long enough for the
+# device's worker to go to sleep (its idle spin is 50 us): every launch runs, in its thread's order,
+# and none is left behind a worker asleep (a lost wake-up would hang the synchronize: the process
+# then ends by faulthandler's timer, with a traceback, instead of printing).
+MANY_THREADS_LAUNCH = fresh_process(
+    "import faulthandler, threading, time, torch, {{ cookiecutter.package }}\n"
+    "faulthandler.dump_traceback_later(120, exit=True)\n"
+    "def chain(x, n):\n"
+    "    for k in range(n):\n"
+    "        x.mul_(0.5).add_(k % 7)  # each launch reads the one before: order shows in the value\n"
+    "        if k % 400 == 0:\n"
+    "            time.sleep(0.002)\n"
+    "    return x\n"
+    "outs = [torch.zeros(16, dtype=torch.float64, device='{{ cookiecutter.device }}') for _ in range(4)]\n"
+    "threads = [threading.Thread(target=chain, args=(x, 3000)) for x in outs]\n"
+    "for t in threads: t.start()\n"
+    "for t in threads: t.join()\n"
+    "torch.{{ cookiecutter.device }}.synchronize()\n"
+    "want = chain(torch.zeros(16, dtype=torch.float64), 3000)\n"
+    "print(all(torch.equal(x.cpu(), want) for x in outs))\n"
+)
+
+
+def test_launches_from_several_threads_onto_one_stream_all_run_in_order():
+    out = MANY_THREADS_LAUNCH.result()
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.returncode, out.stdout, out.stderr[-2000:])

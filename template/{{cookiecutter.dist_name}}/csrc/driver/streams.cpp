@@ -10,7 +10,8 @@
 // synchronize. Work that must finish before the host goes on (blocking copies, kernels whose
 // outputs the host needs) runs on the calling thread once the stream has drained
 // (hold_stream/release_stream, run_blocking) — still the stream's next item, so ordering
-// holds.
+// holds. A kernel launch takes no lock while nothing on its device is captured or held: it goes
+// into the stream's Inbox, which whoever next holds the lock moves into the stream's queue.
 //
 // What a hardware team replaces: this whole file, with the SDK's streams, events and launches; the
 // activity records come from its tracing API (CUPTI-like).
@@ -70,11 +71,83 @@ struct Item {
 
 struct Capture;
 
+// A bounded queue that any thread pushes to and pops from without a lock (Vyukov's): a thread
+// claims a slot by advancing `tail_` (push) or `head_` (pop) and hands it over through the slot's
+// `seq`. Each slot has a cache line of its own: one thread fills a slot while another empties the
+// one before it.
+template <typename T, uint64_t N>
+class Ring {
+  static_assert((N & (N - 1)) == 0, "N must be a power of two");
+
+ public:
+  Ring() {
+    for (uint64_t i = 0; i < N; ++i) slots_[i].seq.store(i, std::memory_order_relaxed);
+  }
+  // False when full (`value` is then left as it was).
+  bool push(T& value) {
+    uint64_t pos = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      Slot& slot = slots_[pos & (N - 1)];
+      const auto diff = static_cast<int64_t>(slot.seq.load(std::memory_order_acquire) - pos);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          slot.value = std::move(value);
+          slot.seq.store(pos + 1, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = tail_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  // False when nothing is published at the head.
+  bool pop(T& out) {
+    uint64_t pos = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      Slot& slot = slots_[pos & (N - 1)];
+      const auto diff = static_cast<int64_t>(slot.seq.load(std::memory_order_acquire) - (pos + 1));
+      if (diff == 0) {
+        if (head_.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed)) {
+          out = std::move(slot.value);
+          slot.value = T();
+          slot.seq.store(pos + N, std::memory_order_release);
+          return true;
+        }
+      } else if (diff < 0) {
+        return false;
+      } else {
+        pos = head_.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  // Whether a push claimed a slot that no pop has taken yet (published or about to be).
+  bool pending() const { return tail_.load(std::memory_order_acquire) != head_.load(std::memory_order_acquire); }
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> seq{0};
+    T value;
+  };
+  std::unique_ptr<Slot[]> slots_{new Slot[N]};
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  alignas(64) std::atomic<uint64_t> head_{0};
+};
+
+// The lock-free way into a stream for launched work (enqueue's fast path, `post`): any host thread
+// pushes, and whoever holds State::mu moves what was pushed, in order, into the stream's queue
+// (Stream::drain: the worker before it picks work, and every call that looks at the stream). A
+// launching thread and the worker then share no lock at a launch: on two cores the lock, taken by
+// both at every small launch, was the largest cost of the launch. Full, launches take the lock.
+using Inbox = Ring<Item, 512>;
+
 struct Stream {
   int device = 0;
   int64_t id = 0;
   int priority = 0;
   std::deque<Item> queue;
+  std::atomic<Inbox*> inbox{nullptr};  // made by the first launch through the lock (enqueue)
   bool running = false;  // the worker is running the head item
   int held = 0;          // enter_stream depth of the holding thread
   std::thread::id holder;
@@ -86,7 +159,17 @@ struct Stream {
   size_t own_last = 0;         // a stream forked into a capture: the capture's nodes up to its last one
   size_t joined = 0;           // ... and up to the last one a stream of the capture waited for
 
-  bool idle() const { return queue.empty() && !running && held == 0; }
+  bool idle() const { return queue.empty() && !running && held == 0 && !inbox_pending(); }
+  bool inbox_pending() const {
+    const Inbox* in = inbox.load(std::memory_order_relaxed);
+    return in != nullptr && in->pending();
+  }
+  void drain() {  // mu held
+    Inbox* in = inbox.load(std::memory_order_relaxed);
+    if (in == nullptr) return;
+    Item item;
+    while (in->pop(item)) queue.push_back(std::move(item));
+  }
   bool held_by_me() const { return held > 0 && holder == std::this_thread::get_id(); }
 };
 
@@ -117,13 +200,16 @@ struct Device {
   bool worker = false;
   bool busy = false;  // a batch of its work is running (on the worker or a waiting host thread)
   std::vector<Capture*> captures;  // under way on its streams
+  // Captures under way plus streams held: while nonzero, launches take the lock (enqueue), which
+  // records them into a capture, runs them in a held stream's order or refuses them.
+  alignas(64) std::atomic<int> locked_only{0};
 };
 
 struct State {
   std::mutex mu;  // everything below, for every device
   std::condition_variable cv;  // any stream, event or worker changed (see notify)
-  int waiting = 0;             // threads blocked on cv: notify makes a system call only for them
-  std::atomic<uint64_t> changes{0};  // bumped by notify: an idle worker, a waiting host thread spin on it
+  std::atomic<int> waiting{0};  // threads blocked on cv: a launch makes a system call only for them
+  std::atomic<uint64_t> changes{0};  // bumped by notify and post: an idle worker, a waiting host thread spin on it
   std::vector<Device> devices;
   bool failed = false;
   std::string error;
@@ -132,6 +218,9 @@ struct State {
   uint64_t next_capture = 1;
   std::string capture_error;  // what the last refused call during a capture was
   std::vector<std::function<void()>> finished;  // work a worker ran, for a host thread to destroy (Reaper)
+  // ... the same without the lock: a worker leaves what it ran here first, and a launch that takes
+  // no lock (post) destroys some of it
+  Ring<std::function<void()>, 256> graveyard;
 
   State() : devices(static_cast<size_t>(std::max(device_count(), 0))) {}
 };
@@ -142,7 +231,7 @@ State& state() {
     pthread_atfork(nullptr, nullptr, [] {
       new (&state().mu) std::mutex();  // the child has no workers; the parent's locks mean nothing
       new (&state().cv) std::condition_variable();
-      state().waiting = 0;
+      state().waiting.store(0);
     });
     return st;
   }();
@@ -182,9 +271,10 @@ void acquire(std::unique_lock<std::mutex>& lock) {
 // holds of its tensors) was allocated by the launching thread; freed by the worker, each block would
 // take malloc's lock of that thread's arena while the launching thread allocates the next launch
 // there, and the two would queue on it at every small launch. So the worker leaves its finished
-// work in State::finished, and a host thread takes it when it next launches or synchronizes (take,
-// mu held) and destroys it when the Reaper goes out of scope, after mu is released: declare the
-// Reaper before the lock. Queued work holds memory and geometry, not tensors (kernel_support.h), so
+// work in State::graveyard (or, full, State::finished), a launch that takes no lock destroys two of
+// the graveyard's (post), and a host thread that takes the lock to launch or synchronize takes the
+// rest (take, mu held) and destroys them when the Reaper goes out of scope, after mu is released:
+// declare the Reaper before the lock. Queued work holds memory and geometry, not tensors (kernel_support.h), so
 // nothing a user holds lives longer: only the closures' host memory is freed a launch later. A
 // destructor that calls back into the driver does so with mu free, under a Reaper of its own.
 class Reaper {
@@ -193,6 +283,8 @@ class Reaper {
   Reaper(const Reaper&) = delete;
   Reaper& operator=(const Reaper&) = delete;
   void take(State& s) {
+    std::function<void()> fn;
+    while (s.graveyard.pop(fn)) spare().push_back(std::move(fn));
     if (s.finished.empty()) return;
     if (spare().empty()) {
       spare().swap(s.finished);  // s.finished keeps the spare's capacity: no allocation either side
@@ -261,10 +353,15 @@ extern thread_local bool on_worker;  // set on the devices' worker threads
 bool valid_device(int device) { return device >= 0 && device < device_count(); }
 
 // The stream (device, id); ids the driver did not create (0, the default) are made on first use.
+// Its inbox is drained: whatever the caller does next with the stream comes after the work launched
+// on it so far.
 Stream* find_stream(State& s, int device, int64_t id) {
   Device& d = s.devices[device];
   auto it = d.by_id.find(id);
-  if (it != d.by_id.end()) return it->second;
+  if (it != d.by_id.end()) {
+    it->second->drain();
+    return it->second;
+  }
   auto* st = new Stream();
   st->device = device;
   st->id = id;
@@ -352,6 +449,7 @@ bool step(State& s, std::unique_lock<std::mutex>& lock, int device, Clock::time_
   Stream* pick = nullptr;
   bool progressed = false;
   for (Stream* st : d.order) {
+    st->drain();
     if (st->running || st->held > 0 || st->queue.empty()) continue;
     Item& head = st->queue.front();
     switch (head.kind) {
@@ -429,7 +527,9 @@ bool step(State& s, std::unique_lock<std::mutex>& lock, int device, Clock::time_
   on_worker = was_worker;
   acquire(lock);
   if (was_worker) {
-    for (Item& item : batch) s.finished.push_back(std::move(item.fn));  // for a host thread to destroy (Reaper)
+    for (Item& item : batch) {  // for a host thread to destroy (Reaper, post)
+      if (!s.graveyard.push(item.fn)) s.finished.push_back(std::move(item.fn));
+    }
   }
   if (tracing) {
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -450,23 +550,30 @@ void worker(int device) {
   State& s = state();
   std::unique_lock<std::mutex> lock(s.mu);
   for (;;) {
+    // Read before step drains the inboxes: a launch that takes no lock (post) publishes its work,
+    // then bumps `changes`; work step did not see was published after this, and changes it.
+    const uint64_t seen = s.changes.load();
     Clock::time_point wake;
     if (step(s, lock, device, wake)) continue;
     // Nothing to run: spin a little before sleeping, as a launch usually follows soon (a
     // host thread launching small kernels then never waits for a wake-up).
-    const uint64_t seen = s.changes.load(std::memory_order_acquire);
     lock.unlock();
     const Clock::time_point spin_until = std::min(wake, Clock::now() + std::chrono::microseconds(kSpinUs));
     while (s.changes.load(std::memory_order_acquire) == seen && Clock::now() < spin_until) cpu_relax();
     acquire(lock);
-    if (s.changes.load(std::memory_order_acquire) != seen) continue;
-    ++s.waiting;
+    // `waiting` before `changes` (both sequentially consistent): a launch that took no lock (post)
+    // bumps `changes` before it reads `waiting`, so either this sees its change or it sees this waiter.
+    s.waiting.fetch_add(1);
+    if (s.changes.load() != seen) {
+      s.waiting.fetch_sub(1);
+      continue;
+    }
     if (wake == Clock::time_point::max()) {
       s.cv.wait(lock);
     } else {
       s.cv.wait_until(lock, wake);
     }
-    --s.waiting;
+    s.waiting.fetch_sub(1);
   }
 }
 
@@ -477,9 +584,61 @@ Status usable(int device) {
   return init();
 }
 
+// The streams this thread last launched on through the lock, for post (streams live as long as
+// the process).
+struct Remembered {
+  int device = -1;
+  int64_t id = 0;
+  Stream* stream = nullptr;
+  Inbox* inbox = nullptr;  // the stream's (it never changes once made)
+};
+constexpr size_t kRemembered = 4;
+thread_local Remembered remembered[kRemembered];
+thread_local size_t next_remembered = 0;
+
+void remember(int device, int64_t id, Stream* st) {
+  Inbox* in = st->inbox.load(std::memory_order_relaxed);
+  for (Remembered& r : remembered) {
+    if (r.stream == st) {
+      r.inbox = in;  // made since (the first launch of work on the stream)
+      return;
+    }
+  }
+  remembered[next_remembered++ % kRemembered] = Remembered{device, id, st, in};
+}
+
+Inbox* remembered_inbox(int device, int64_t id) {
+  for (const Remembered& r : remembered) {
+    if (r.device == device && r.id == id) return r.inbox;
+  }
+  return nullptr;
+}
+
+// enqueue's way without the lock: work launched on a stream this thread has launched on before,
+// while its device has no capture under way and no stream held (Device::locked_only), goes into
+// the stream's inbox. False: enqueue takes the lock. A launch racing another thread's capture or
+// hold on the device may still go this way; it is then ordered as if made just before it.
+bool post(State& s, int device, int64_t stream, Item& item) {
+  if (s.devices[device].locked_only.load(std::memory_order_acquire) != 0) return false;
+  Inbox* in = remembered_inbox(device, stream);
+  if (in == nullptr) return false;
+  item.correlation = correlation_id;
+  if (!in->push(item)) return false;
+  s.changes.fetch_add(1);  // then `waiting`, both sequentially consistent (see worker)
+  if (s.waiting.load() > 0) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.cv.notify_all();
+  }
+  // the closures of two items the worker ran, destroyed here (see Reaper): as many as are launched
+  std::function<void()> spent;
+  for (int i = 0; i < 2 && s.graveyard.pop(spent); ++i) spent = nullptr;
+  return true;
+}
+
 Status enqueue(int device, int64_t stream, Item item) {
   if (Status ready = usable(device); ready != Status::ok) return ready;
   State& s = state();
+  if (item.kind == Item::work && post(s, device, stream, item)) return Status::ok;
   Reaper reaper;
   std::unique_lock<std::mutex> lock(s.mu, std::defer_lock);
   acquire(lock);
@@ -504,12 +663,16 @@ Status enqueue(int device, int64_t stream, Item item) {
     return Status::ok;
   }
   item.correlation = correlation_id;
+  if (item.kind == Item::work && st->inbox.load(std::memory_order_relaxed) == nullptr) {
+    st->inbox.store(new Inbox(), std::memory_order_release);  // lives as long as the stream
+  }
   st->queue.push_back(std::move(item));
   Device& d = s.devices[device];
   if (!d.worker) {
     std::thread(worker, device).detach();
     d.worker = true;
   }
+  remember(device, stream, st);
   notify(s);
   return Status::ok;
 }
@@ -829,6 +992,7 @@ Status hold_stream(int device, int64_t stream) {
   if (failure != Status::ok) return failure;
   st->held = 1;
   st->holder = std::this_thread::get_id();
+  s.devices[device].locked_only.fetch_add(1);
   if (s.tracing) st->held_since_ns = now_ns();
   return Status::ok;
 }
@@ -840,6 +1004,7 @@ void release_stream(int device, int64_t stream, const char* name) {
   Stream* st = find_stream(s, device, stream);
   if (!st->held_by_me()) return;
   if (--st->held > 0) return;
+  s.devices[device].locked_only.fetch_sub(1);
   if (s.tracing && name != nullptr && st->held_since_ns != 0) {
     trace(s, Activity::kernel, name, device, stream, st->held_since_ns, now_ns(), correlation_id);
   }
@@ -937,6 +1102,7 @@ Status begin_capture(int device, int64_t stream, CaptureMode mode) {
   c->members.push_back(st);
   st->capture = c;
   s.devices[device].captures.push_back(c);
+  s.devices[device].locked_only.fetch_add(1);
   return Status::ok;
 }
 
@@ -964,6 +1130,7 @@ Status end_capture(int device, int64_t stream, void** graph) {
   }
   auto& list = s.devices[device].captures;
   list.erase(std::remove(list.begin(), list.end(), c), list.end());
+  s.devices[device].locked_only.fetch_sub(1);
   notify(s);
   std::unique_ptr<Capture> ended(c);
   if (c->broken) {
