@@ -274,9 +274,10 @@ void acquire(std::unique_lock<std::mutex>& lock) {
 // work in State::graveyard (or, full, State::finished), a launch that takes no lock destroys two of
 // the graveyard's (post), and a host thread that takes the lock to launch or synchronize takes the
 // rest (take, mu held) and destroys them when the Reaper goes out of scope, after mu is released:
-// declare the Reaper before the lock. Queued work holds memory and geometry, not tensors (kernel_support.h), so
-// nothing a user holds lives longer: only the closures' host memory is freed a launch later. A
-// destructor that calls back into the driver does so with mu free, under a Reaper of its own.
+// declare the Reaper before the lock. Queued work holds memory and geometry, not tensors
+// (kernel_support.h), so nothing a user holds lives longer: only the closures' host memory is freed
+// a launch later. A destructor that calls back into the driver does so with mu free, under a
+// Reaper of its own (post destroys its two with no lock held).
 class Reaper {
  public:
   Reaper() = default;
