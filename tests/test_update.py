@@ -376,7 +376,7 @@ def test_update_adds_the_default_kernels_except_those_the_team_registers(old_bac
 def test_an_add_op_kernel_the_new_template_registers_itself_is_refused_until_removed(old_backendgen, tmp_path):
     """Template 12 registers aten::arange.start_out itself (csrc/aten/factories.cpp): a template-11 project
     whose team add-op'd it would register two kernels for it, and torch would keep whichever registers last."""
-    made = old_backendgen(CURRENT - 1, DEVICE_30)
+    made = old_backendgen(11, DEVICE_30)  # the last template without it
     root = _copy(made, tmp_path / "p")
     tool = made.parent / "tool"  # the template-11 backendgen that made it
     env = {**os.environ, "PYTHONPATH": str(tool), "BACKENDGEN_CACHE_DIR": str(made.parent / "cache")}
@@ -392,8 +392,8 @@ def test_an_add_op_kernel_the_new_template_registers_itself_is_refused_until_rem
     out = run_cli("update", "--no-build", "--project", str(root))
     assert out.returncode != 0, out.stdout + out.stderr
     assert (
-        "aten::arange.start_out: template 12 registers it itself (csrc/aten/factories.cpp), and so does your kernel "
-        "csrc/aten/ops/arange_start_out.cpp" in out.stderr
+        f"aten::arange.start_out: template {CURRENT} registers it itself (csrc/aten/factories.cpp), and so does your "
+        "kernel csrc/aten/ops/arange_start_out.cpp" in out.stderr
     ), out.stderr
     assert _tree(root) == before  # nothing written
     # as the message says: remove it, then update
