@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-import torch_venvs
 from torch_venvs import Overran, wait_measured
 
 
@@ -25,15 +24,14 @@ def _start(code: str) -> subprocess.Popen:
     )
 
 
-def test_a_command_reports_its_output_and_the_cpu_of_its_children(monkeypatch):
+def test_a_command_reports_its_output_and_the_cpu_of_its_children():
     # the CPU is used by a child the command starts in a process group of its own (as backendgen
     # runs a build) and reaps: counted while it runs, so a command busy only in its child is no hang
-    monkeypatch.setattr(torch_venvs, "STALL", 2.0)
     burn = "import time; t = time.process_time(); exec('while time.process_time() - t < 5: pass')"
     proc = _start(
         f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}], process_group=0); print('done')"
     )
-    out, err, cpu = wait_measured(proc, cpu_limit=60)
+    out, err, cpu = wait_measured(proc, cpu_limit=60, stall=2.0)
     assert proc.returncode == 0 and out == "done\n" and err == ""
     assert 4.9 <= cpu < 15
 
@@ -47,11 +45,10 @@ def test_a_runaway_is_killed_past_its_cpu_limit():
     assert time.monotonic() - start < 120  # killed, not left to run
 
 
-def test_a_command_that_uses_no_cpu_is_a_hang(monkeypatch):
-    monkeypatch.setattr(torch_venvs, "STALL", 5.0)
+def test_a_command_that_uses_no_cpu_is_a_hang():
     proc = _start("import time; time.sleep(600)")
     with pytest.raises(Overran, match="used no CPU for 5 s"):
-        wait_measured(proc, cpu_limit=60)
+        wait_measured(proc, cpu_limit=60, stall=5.0)
     assert proc.returncode == -9
 
 

@@ -440,15 +440,18 @@ class Overran(Exception):
         self.out, self.err = out, err
 
 
-def wait_measured(proc: subprocess.Popen, cpu_limit: float) -> tuple[str, str, float]:
+def wait_measured(proc: subprocess.Popen, cpu_limit: float, stall: float = STALL) -> tuple[str, str, float]:
     """(stdout, stderr, CPU seconds) of `proc`, the leader of its process group, once it ends (the
     CPU of every process it and its children waited for, from wait4).
 
     A background command runs under `nice` behind the session's own tests, so its wall time says
     little: at nice 19 beside two busy cores it gets a few per cent of one (the CI machine's `new`
     on torch 2.14.1 passed 900 s of wall time with its build half done). What it is held to is the
-    CPU it and its children use: killed (Overran) past `cpu_limit` CPU seconds (a runaway), or after STALL
-    seconds in which it used none (a hang: a process the scheduler starves still gets its share)."""
+    CPU it and its children use: killed (Overran) past `cpu_limit` CPU seconds (a runaway), or after `stall`
+    seconds in which it used none (a hang: a process the scheduler starves still gets its share).
+    `stall` is an argument, not the module's STALL patched by a test: the matrix's scenarios call this
+    from background threads while the session's tests run, and a test's shorter STALL killed them
+    (CI of 2026-12-07: two scenarios at nice 19 "used no CPU for 2 s" behind a busy foreground)."""
     streams = {"out": proc.stdout, "err": proc.stderr}
     read: dict[str, str] = {}
     readers = [
@@ -474,8 +477,8 @@ def wait_measured(proc: subprocess.Popen, cpu_limit: float) -> tuple[str, str, f
             last, idle_since = used, now
         if used > cpu_limit:
             why = f"used more than {cpu_limit:.0f} s of CPU"
-        elif now - idle_since > STALL:
-            why = f"used no CPU for {STALL:.0f} s (it hangs)"
+        elif now - idle_since > stall:
+            why = f"used no CPU for {stall:.0f} s (it hangs)"
         if why:
             os.killpg(proc.pid, 9)
             pid, status, usage = os.wait4(proc.pid, 0)
