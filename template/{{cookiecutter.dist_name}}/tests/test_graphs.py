@@ -140,6 +140,45 @@ def test_a_whole_training_step_replays_equal_to_eager():
 
 
 @graphs
+def test_kernels_with_optional_and_list_arguments_replay_on_new_inputs():
+    """Every replay reads the static inputs' new values: batch norm's forward and backward (optional
+    weight, bias and running statistics) and a concatenation (a list of tensors), replayed three
+    times, each equal to eager on the same values."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(6).to(DEVICE)
+    x = torch.randn(8, 6, device=DEVICE, requires_grad=True)
+
+    def step():
+        y = torch.cat([bn(x), x * 2], dim=1)
+        y.square().sum().backward()
+        return y
+
+    step()  # warm-up
+    x.grad = None
+    bn.zero_grad(set_to_none=False)
+    state = copy.deepcopy(bn.state_dict())
+    g, static_y = _capture(step)
+    for i in range(3):
+        value = torch.randn(8, 6) * (i + 1)
+        with torch.no_grad():
+            x.copy_(value)
+            x.grad.zero_()
+            bn.weight.grad.zero_()
+            bn.bias.grad.zero_()
+        g.replay()
+        ref = torch.nn.BatchNorm1d(6)
+        ref.load_state_dict(state)
+        rx = value.clone().requires_grad_()
+        ry = torch.cat([ref(rx), rx * 2], dim=1)
+        ry.square().sum().backward()
+        state = copy.deepcopy(ref.state_dict())
+        torch.testing.assert_close(static_y.cpu(), ry.detach())
+        torch.testing.assert_close(x.grad.cpu(), rx.grad)
+        torch.testing.assert_close(bn.weight.grad.cpu(), ref.weight.grad)
+        torch.testing.assert_close(bn.running_mean.cpu(), ref.running_mean)
+
+
+@graphs
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
 def test_a_captured_backward_runs_in_every_capture_mode(mode):
     """The autograd engine runs backward on its device thread, on the capturing stream."""

@@ -222,6 +222,30 @@ void repoint(const at::Tensor& alias, const Geometry& g) {
   impl->_set_neg(g.neg);
 }
 
+// Queued work gives its host aliases back to the pool of the thread that ran it as soon as it
+// returns (AliasesBack), not when its closure is destroyed: that happens later, on the host thread
+// that launched it (the driver hands finished closures back to it), which then freed the worker's
+// tensors while the worker, its pool still lent out, made new ones — both threads in malloc's locks.
+// Each entry: what holds an alias, and how it lets go (the same work may run again, a graph's
+// replay, and makes its aliases anew).
+thread_local std::vector<std::pair<void*, void (*)(void*)>> lent_aliases;
+thread_local int lending = 0;
+
+template <typename Holder>
+void note_lent(Holder& holder) {
+  if (lending > 0) lent_aliases.emplace_back(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
+}
+
+struct AliasesBack {
+  size_t first = lent_aliases.size();
+  AliasesBack() { ++lending; }
+  ~AliasesBack() {
+    for (size_t i = first; i < lent_aliases.size(); ++i) lent_aliases[i].second(lent_aliases[i].first);
+    lent_aliases.resize(first);
+    --lending;
+  }
+};
+
 // A host alias from this thread's pool (see above), or a new one when every slot is in use.
 at::Tensor pooled_alias(const Geometry& g) {
   for (at::Tensor& slot : alias_pool) {
@@ -420,7 +444,10 @@ void launch(c10::Device device, const char* name, std::function<void()> work) {
   const int64_t stream = runtime::current_stream_id(static_cast<c10::DeviceIndex>(index));
   NotInPlace not_in_place;
   if (host_mapped() && has_host_tasks()) {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, std::move(work)));
+    {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, [work = std::move(work)]() mutable {
+      AliasesBack back;
+      work();
+    }));
     return;
   }
   // No host code on the stream, or no host address for device memory: the work runs now, on this
@@ -620,6 +647,7 @@ at::Tensor& Held::get() {
   if (device_ && !tensor_.defined()) {
     tensor_ = pooled_alias(
         Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, sizes_, strides_, offset_, dtype_, conj_, neg_});
+    if (detail::in_place == nullptr) note_lent(tensor_);
   }
   return tensor_;
 }
@@ -629,7 +657,10 @@ HeldOptional::HeldOptional(const std::optional<at::Tensor>& t) {
 }
 
 std::optional<at::Tensor>& HeldOptional::get() {
-  if (held_.has_value() && !value_.has_value()) value_ = held_->get();
+  if (held_.has_value() && !value_.has_value()) {
+    value_ = held_->get();
+    if (detail::in_place == nullptr) note_lent(value_);
+  }
   return value_;
 }
 
@@ -653,6 +684,7 @@ std::vector<at::Tensor>& HeldList::get() {
     values_.clear();
     values_.reserve(held_.size());
     for (Held& h : held_) values_.push_back(h.get());
+    if (detail::in_place == nullptr) note_lent(values_);
   }
   return values_;
 }
