@@ -236,16 +236,6 @@ void note_lent(Holder& holder) {
   if (lending > 0) lent_aliases.emplace_back(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
 }
 
-struct AliasesBack {
-  size_t first = lent_aliases.size();
-  AliasesBack() { ++lending; }
-  ~AliasesBack() {
-    for (size_t i = first; i < lent_aliases.size(); ++i) lent_aliases[i].second(lent_aliases[i].first);
-    lent_aliases.resize(first);
-    --lending;
-  }
-};
-
 // A host alias from this thread's pool (see above), or a new one when every slot is in use.
 at::Tensor pooled_alias(const Geometry& g) {
   for (at::Tensor& slot : alias_pool) {
@@ -439,15 +429,22 @@ struct NotInPlace {
 };
 }  // namespace
 
-void launch(c10::Device device, const char* name, std::function<void()> work) {
+namespace detail {
+
+AliasesBack::AliasesBack() : first_(lent_aliases.size()) { ++lending; }
+
+AliasesBack::~AliasesBack() {
+  for (size_t i = first_; i < lent_aliases.size(); ++i) lent_aliases[i].second(lent_aliases[i].first);
+  lent_aliases.resize(first_);
+  --lending;
+}
+
+void launch_wrapped(c10::Device device, const char* name, std::function<void()> work) {
   const int index = device.index() >= 0 ? device.index() : runtime::current_device();
   const int64_t stream = runtime::current_stream_id(static_cast<c10::DeviceIndex>(index));
   NotInPlace not_in_place;
   if (host_mapped() && has_host_tasks()) {
-    {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, [work = std::move(work)]() mutable {
-      AliasesBack back;
-      work();
-    }));
+    {{ cookiecutter.DEVICE }}_CHECK(driver::launch_host(index, stream, name, std::move(work)));
     return;
   }
   // No host code on the stream, or no host address for device memory: the work runs now, on this
@@ -455,8 +452,6 @@ void launch(c10::Device device, const char* name, std::function<void()> work) {
   StreamScope on_stream(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index)), name);
   work();
 }
-
-namespace detail {
 
 namespace {
 thread_local std::vector<std::unique_ptr<InPlace>> in_place_free;  // reused: a run in place allocates nothing

@@ -128,8 +128,31 @@ class StreamScope {
 // queued work before it unmaps memory. An exception the work throws is
 // reported, with `name`, by the next call that waits for the stream (synchronize, a blocking copy).
 
+namespace detail {
+// Around queued work, on the thread that runs it: the host aliases its `held` arguments made go back
+// to that thread's pool when it returns (kernel_support.cpp).
+class AliasesBack {
+ public:
+  AliasesBack();
+  ~AliasesBack();
+  AliasesBack(const AliasesBack&) = delete;
+  AliasesBack& operator=(const AliasesBack&) = delete;
+
+ private:
+  size_t first_;
+};
+// `launch` below, once its work is wrapped.
+void launch_wrapped(c10::Device device, const char* name, std::function<void()> work);
+}  // namespace detail
+
 // Queues `work` on `device`'s current stream; returns at once. `name`: a string literal (profiler, errors).
-void launch(c10::Device device, const char* name, std::function<void()> work);
+template <typename Work, typename = std::enable_if_t<std::is_invocable_v<std::decay_t<Work>&>>>
+void launch(c10::Device device, const char* name, Work&& work) {
+  detail::launch_wrapped(device, name, std::function<void()>([work = std::forward<Work>(work)]() mutable {
+    detail::AliasesBack back;
+    work();
+  }));
+}
 
 namespace detail {
 struct InPlace;
@@ -161,7 +184,7 @@ class RunInPlace {
 template <typename Work>
 void launch(c10::Device device, const char* name, bool queue, Work&& work) {
   if (queue) {
-    launch(device, name, std::function<void()>(std::forward<Work>(work)));
+    launch(device, name, std::forward<Work>(work));
     return;
   }
   detail::RunInPlace run(device, name);

@@ -43,7 +43,7 @@ void draw(c10::Device device, const char* name, const Gen& gen, bool queue, Work
   const runtime::Draw reserved = runtime::reserve(gen, device);
   auto body = [reserved, work = std::move(work)]() mutable { work(Gen(reserved.host())); };
   if (queue) {
-    kernels::launch(device, name, std::function<void()>(std::move(body)));
+    kernels::launch(device, name, std::move(body));
     return;
   }
   kernels::StreamScope on_stream(device, name);
@@ -229,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   if (drawing) {
     draw(device, "aten::native_dropout", Gen(), true, std::move(work));
   } else {
-    kernels::launch(device, "aten::native_dropout", std::function<void()>([work]() mutable { work(Gen()); }));
+    kernels::launch(device, "aten::native_dropout", [work]() mutable { work(Gen()); });
   }
   return {out, mask};
 }
