@@ -59,7 +59,10 @@ _SESSION_START = time.monotonic()
 
 
 def log(msg: str) -> None:
-    print(f"[matrix] {msg}", file=sys.stderr, flush=True)
+    # the process's own stderr, not sys.stderr as it is now: this runs on background threads, while
+    # a test in the foreground may have swapped sys.stderr for its own capture (typer's CliRunner),
+    # whose output the test then reads (CI of 2026-12-07: a matrix line in `build --wheel`'s error)
+    print(f"[matrix] {msg}", file=sys.__stderr__, flush=True)
 
 
 def _span(start: float, what: str) -> None:
