@@ -23,6 +23,22 @@ def test_allocator_stats(mod):
     torch.accelerator.empty_cache()
 
 
+def test_a_lazy_clone_shares_memory_until_one_side_is_written(mod):
+    # copy-on-write (torch._lazy_clone) takes only allocations whose data pointer is the start of
+    # what the allocator's context owns (Allocator::is_simple_data_ptr)
+    gc.collect()
+    x = torch.arange(262144, dtype=torch.float32, device=f"{DEVICE}:0")  # 1 MiB
+    before = torch.accelerator.memory_allocated(0)
+    y = torch._lazy_clone(x)
+    assert torch.accelerator.memory_allocated(0) == before  # nothing copied yet
+    y.add_(1)  # the write gives y memory of its own
+    assert torch.accelerator.memory_allocated(0) == before + 1024 * 1024
+    assert torch.equal(x.cpu(), torch.arange(262144, dtype=torch.float32))
+    assert torch.equal(y.cpu(), torch.arange(262144, dtype=torch.float32) + 1)
+    del x, y
+    assert torch.accelerator.memory_allocated(0) == before - 1024 * 1024
+
+
 @requires("memory_limit")
 def test_out_of_memory_is_torch_oom_and_the_process_continues(mod):
     free, total = mod.mem_get_info(0)

@@ -82,6 +82,7 @@ struct Block {
 struct Segment {
   char* ptr = nullptr;
   size_t size = 0;
+  c10::DeviceIndex device = 0;
   bool small = false;
   int64_t stream = 0;
   size_t carved = 0;  // small segments: bytes handed out as blocks so far
@@ -125,11 +126,18 @@ class DeviceAllocator final : public c10::DeviceAllocator {
       if (it != capture_pools_.end()) stream = it->second;
     }
     Block* b = take(device, stream, nbytes);
-    blocks_.emplace(b->ptr, b);
-    return {b->ptr, b->ptr, &DeviceAllocator::deleter, where};
+    return {b->ptr, b, &DeviceAllocator::deleter, where};  // the block is the context its deleter gets
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &DeviceAllocator::deleter; }
+
+  // A data pointer is simple when it is the start of what its context owns: copy-on-write clones
+  // (torch._lazy_clone) share only those. The context here is the block, not the address.
+  bool is_simple_data_ptr(const c10::DataPtr& ptr) const override {
+    if (ptr.get_deleter() != &DeviceAllocator::deleter) return false;  // wrapped (copy-on-write, ...)
+    const auto* b = static_cast<const Block*>(ptr.get_context());
+    return b == nullptr ? ptr.get() == nullptr : b->ptr == ptr.get();
+  }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     const c10::DeviceIndex device = current_device();
@@ -147,9 +155,7 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr || ptr.get_deleter() != &DeviceAllocator::deleter) return;
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = blocks_.find(ptr.get());
-    if (it == blocks_.end()) return;
-    Block* b = it->second;
+    auto* b = static_cast<Block*>(ptr.get_context());
     if (stream.id() == b->stream && stream.device_index() == device_of(b)) return;
     if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
   }
@@ -212,12 +218,8 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     if (capturing_ == 0) release_segments(device, [key](const Segment* seg) { return seg->stream == key; });
   }
 
-  void free_block(void* ptr) {
+  void free_block(Block* b) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = blocks_.find(ptr);
-    if (it == blocks_.end()) return;
-    Block* b = it->second;
-    blocks_.erase(it);
     const c10::DeviceIndex device = device_of(b);
     DeviceState& d = state(device);
     b->allocated = false;
@@ -241,16 +243,15 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-  static void deleter(void* ptr);
+  static void deleter(void* block);
 
   DeviceState& state(c10::DeviceIndex device) {
     if (devices_.size() < static_cast<size_t>(device_count())) devices_.resize(device_count());
     return devices_[device];
   }
 
-  c10::DeviceIndex device_of(const Block* b) const {
-    return static_cast<c10::DeviceIndex>(driver::pointer_device(b->ptr));
-  }
+  // Kept with the segment: a free (every tensor's) asks the driver nothing.
+  static c10::DeviceIndex device_of(const Block* b) { return b->segment->device; }
 
   // Applies delta to the pool's statistic and the aggregate one.
   static void count(DeviceStats& s, bool small, std::array<Stat, static_cast<size_t>(StatType::NUM_TYPES)> DeviceStats::*
@@ -367,6 +368,7 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     auto* seg = new Segment();
     seg->ptr = static_cast<char*>(ptr);
     seg->size = size;
+    seg->device = device;
     seg->small = small;
     seg->stream = stream;
     d.segments.push_back(seg);
@@ -413,7 +415,6 @@ class DeviceAllocator final : public c10::DeviceAllocator {
 
   std::mutex mu_;
   std::vector<DeviceState> devices_;
-  std::unordered_map<void*, Block*> blocks_;  // allocated blocks by address
   struct PoolUse {
     int64_t key;  // the pool's blocks' `stream`
     int users;    // graphs using it (captured into it or sharing it)
@@ -429,8 +430,9 @@ DeviceAllocator& DeviceAllocator::instance() {
   return *a;
 }
 
-void DeviceAllocator::deleter(void* ptr) {
-  if (ptr != nullptr) instance().free_block(ptr);
+// An allocated block stays until its segment has no block in use (release_segments).
+void DeviceAllocator::deleter(void* block) {
+  if (block != nullptr) instance().free_block(static_cast<Block*>(block));
 }
 
 }  // namespace
