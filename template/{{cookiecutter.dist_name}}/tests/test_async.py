@@ -196,6 +196,23 @@ def test_a_kernels_result_on_another_stream_is_seen_only_after_wait_stream(mod):
     del busy
 
 
+@queued_kernels
+@pytest.mark.parametrize("dims", [3, 7])  # within what a launch keeps inline (5), and past it
+def test_a_queued_kernel_reads_its_arguments_as_they_were_at_launch(mod, dims):
+    x = torch.randn((2,) * dims, generator=torch.Generator().manual_seed(dims))
+    y = torch.randn((2,) * dims, generator=torch.Generator().manual_seed(dims + 1))
+    a, b = x.to(DEVICE).transpose(0, dims - 1), y.to(DEVICE)
+    done = torch.Event(device=DEVICE)
+    busy = _keep_busy()
+    c = a + b  # queued behind the busy kernels
+    done.record()
+    a.transpose_(0, 1)  # the host changes the tensors' geometry before the kernel runs
+    b.unsqueeze_(0)
+    assert not done.query()
+    assert torch.equal(c.cpu(), x.transpose(0, dims - 1) + y)
+    del busy
+
+
 def _kernel_reads_a_freed_input(mod, record: bool) -> torch.Tensor:
     """A kernel queued on `side` reads x; x is freed meanwhile and its memory handed out again on
     the current stream. Returns what the kernel computed."""

@@ -609,6 +609,16 @@ bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta
   return true;
 }
 
+detail::Shape::Shape(c10::IntArrayRef sizes, c10::IntArrayRef strides) : dim_(sizes.size()) {
+  int64_t* out = inline_;
+  if (dim_ > kInline) {
+    heap_.resize(2 * dim_);
+    out = heap_.data();
+  }
+  std::copy(sizes.begin(), sizes.end(), out);
+  std::copy(strides.begin(), strides.end(), out + dim_);
+}
+
 Held::Held(const at::Tensor& t) : source_(const_cast<at::Tensor*>(&t)) {
   if (!on_device(t)) {
     if (!t.defined()) return;
@@ -626,8 +636,7 @@ Held::Held(const at::Tensor& t) : source_(const_cast<at::Tensor*>(&t)) {
   device_ = true;
   memory_ = st.data();
   nbytes_ = st.nbytes();
-  sizes_.assign(t.sizes().begin(), t.sizes().end());
-  strides_.assign(t.strides().begin(), t.strides().end());
+  shape_ = detail::Shape(t.sizes(), t.strides());
   offset_ = t.storage_offset();
   dtype_ = t.dtype();
   conj_ = t.is_conj();
@@ -641,7 +650,8 @@ at::Tensor& Held::get() {
   }
   if (device_ && !tensor_.defined()) {
     tensor_ = pooled_alias(
-        Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, sizes_, strides_, offset_, dtype_, conj_, neg_});
+        Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_,
+               conj_, neg_});
     if (detail::in_place == nullptr) note_lent(tensor_);
   }
   return tensor_;

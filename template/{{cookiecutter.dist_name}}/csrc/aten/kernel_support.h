@@ -24,7 +24,6 @@
 #include <c10/core/Device.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorOptions.h>
-#include <c10/util/SmallVector.h>
 
 #include <functional>
 #include <memory>
@@ -240,6 +239,26 @@ bool same_geometry(const at::Tensor& device_t, const at::Tensor& meta);
 bool same_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta);
 bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta);
 
+namespace detail {
+// A tensor's sizes and strides as queued work keeps them: up to kInline dimensions in the object
+// itself, so moving a held argument into its closure (twice a launch) copies a few words, where
+// c10::SmallVector's move is a call and a memcpy per vector. More dimensions go to the heap.
+class Shape {
+ public:
+  static constexpr size_t kInline = 5;
+  Shape() = default;
+  Shape(c10::IntArrayRef sizes, c10::IntArrayRef strides);
+  c10::IntArrayRef sizes() const { return {data(), dim_}; }
+  c10::IntArrayRef strides() const { return {data() + dim_, dim_}; }
+
+ private:
+  const int64_t* data() const { return dim_ <= kInline ? inline_ : heap_.data(); }
+  int64_t inline_[2 * kInline];  // sizes, then strides (the first 2 * dim_)
+  std::vector<int64_t> heap_;    // the same, past kInline dimensions
+  size_t dim_ = 0;
+};
+}  // namespace detail
+
 // What queued work keeps of a tensor argument (`held`), and the tensor it passes on when it runs
 // (`get()`): of a device tensor, its memory and geometry at launch — the host alias is made when
 // the work runs, on the worker (so launching costs no tensor) —; of a CPU tensor, a copy taken at
@@ -258,7 +277,7 @@ class Held {
   bool device_ = false;           // a device tensor (else tensor_ is all there is)
   const void* memory_ = nullptr;  // its storage's device address
   size_t nbytes_ = 0;
-  c10::SmallVector<int64_t, 5> sizes_, strides_;
+  detail::Shape shape_;
   int64_t offset_ = 0;
   caffe2::TypeMeta dtype_;
   bool conj_ = false, neg_ = false;
