@@ -47,11 +47,12 @@ namespace {
 
 constexpr auto kType = c10::DeviceType::PrivateUse1;
 
-// The current stream of each device, per thread (0 = the default stream).
-std::vector<c10::StreamId>& current_streams() {
+// The calling thread's current stream on `index`, a valid device (0, the default stream, until set).
+// Read at every launch and allocation: no call into the driver.
+c10::StreamId& current_stream_of(c10::DeviceIndex index) {
   thread_local std::vector<c10::StreamId> streams;
-  if (streams.size() < static_cast<size_t>(device_count())) streams.resize(device_count(), 0);
-  return streams;
+  if (static_cast<size_t>(index) >= streams.size()) streams.resize(static_cast<size_t>(index) + 1, 0);
+  return streams[index];
 }
 
 // ---- the stream pool --------------------------------------------------------------------------
@@ -127,7 +128,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getStream(c10::Device d) const override {
     d = resolve(d);
-    return c10::Stream(c10::Stream::UNSAFE, d, current_streams()[d.index()]);
+    return c10::Stream(c10::Stream::UNSAFE, d, current_stream_of(d.index()));
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
     d = resolve(d);
@@ -144,7 +145,7 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     c10::Stream old = getStream(s.device());
-    current_streams()[s.device_index()] = s.id();
+    current_stream_of(s.device_index()) = s.id();
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
@@ -209,6 +210,11 @@ struct GuardImpl final : public c10::impl::DeviceGuardImplInterface {
 };
 
 }  // namespace
+
+int64_t current_stream_id(c10::DeviceIndex device) {
+  if (device < 0 || device >= device_count()) check_device(device);  // the error getStream raises
+  return current_stream_of(device);
+}
 
 int stream_priority(c10::DeviceIndex device, int64_t stream) {
   check_device(device);

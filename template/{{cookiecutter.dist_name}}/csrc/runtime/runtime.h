@@ -41,12 +41,9 @@ bool is_initialized();
 // Throws a clear error (not a crash) for an index that is not a device of this machine.
 void check_device(c10::DeviceIndex index);
 
-// The id of the calling thread's current stream on `device` (what driver calls take as `stream`).
-inline int64_t current_stream_id(c10::DeviceIndex device) {
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
-      ->getStream(c10::Device(c10::DeviceType::PrivateUse1, device))
-      .id();
-}
+// The id of the calling thread's current stream on `device` (what driver calls take as `stream`):
+// the guard's getStream without its checks and virtual call, as every launch and allocation asks.
+int64_t current_stream_id(c10::DeviceIndex device);
 
 // The priority of a stream handed out by the guard's stream pools (the default stream: 0), and
 // the range of priorities, (least, greatest) — lower values run first, as on CUDA.
