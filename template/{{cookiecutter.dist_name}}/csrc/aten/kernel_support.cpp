@@ -144,6 +144,9 @@ class StagingScope {
   std::optional<Staging> own_;
 };
 
+struct InPlace;
+extern thread_local InPlace* in_place;  // the launch run in place on this thread (below)
+
 }  // namespace detail
 
 namespace {
@@ -231,9 +234,12 @@ void repoint(const at::Tensor& alias, const Geometry& g) {
 thread_local std::vector<std::pair<void*, void (*)(void*)>> lent_aliases;
 thread_local int lending = 0;
 
+// Inside queued work only: a launch run in place keeps its aliases, to write them back.
 template <typename Holder>
 void note_lent(Holder& holder) {
-  if (lending > 0) lent_aliases.emplace_back(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
+  if (lending > 0 && detail::in_place == nullptr) {
+    lent_aliases.emplace_back(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
+  }
 }
 
 // A host alias from this thread's pool (see above), or a new one when every slot is in use.
@@ -652,7 +658,7 @@ at::Tensor& Held::get() {
     tensor_ = pooled_alias(
         Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_,
                conj_, neg_});
-    if (detail::in_place == nullptr) note_lent(tensor_);
+    note_lent(tensor_);
   }
   return tensor_;
 }
@@ -664,7 +670,7 @@ HeldOptional::HeldOptional(const std::optional<at::Tensor>& t) {
 std::optional<at::Tensor>& HeldOptional::get() {
   if (held_.has_value() && !value_.has_value()) {
     value_ = held_->get();
-    if (detail::in_place == nullptr) note_lent(value_);
+    note_lent(value_);
   }
   return value_;
 }
@@ -689,7 +695,7 @@ std::vector<at::Tensor>& HeldList::get() {
     values_.clear();
     values_.reserve(held_.size());
     for (Held& h : held_) values_.push_back(h.get());
-    if (detail::in_place == nullptr) note_lent(values_);
+    note_lent(values_);
   }
   return values_;
 }
