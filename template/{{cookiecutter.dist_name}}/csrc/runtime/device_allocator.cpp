@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -90,13 +91,25 @@ struct Segment {
   std::vector<Block*> blocks;
 };
 
-// Free blocks ordered by (stream, size, address): lower_bound finds the best fit on a stream.
+// Free large blocks ordered by (stream, size, address): lower_bound finds the best fit on a stream.
 struct ByStreamSize {
   bool operator()(const Block* a, const Block* b) const {
     if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
     return a->ptr < b->ptr;
   }
+};
+
+// Free small blocks by (stream, size). Small requests are served at their exact size, so a stack
+// per size does what the ordered set does for large blocks without rebalancing a tree at every
+// allocation and free; the most recently freed block, still in cache, is the next one handed out.
+struct SmallKey {
+  int64_t stream;
+  size_t size;
+  bool operator==(const SmallKey& o) const { return stream == o.stream && size == o.size; }
+};
+struct SmallKeyHash {
+  size_t operator()(const SmallKey& k) const { return std::hash<int64_t>()(k.stream) * 0x9e3779b97f4a7c15ULL ^ k.size; }
 };
 
 struct Pending {  // a freed block waiting for the streams that used it
@@ -106,7 +119,8 @@ struct Pending {  // a freed block waiting for the streams that used it
 
 struct DeviceState {
   DeviceStats stats;
-  std::set<Block*, ByStreamSize> free_small, free_large;
+  std::unordered_map<SmallKey, std::vector<Block*>, SmallKeyHash> free_small;
+  std::set<Block*, ByStreamSize> free_large;
   std::vector<Segment*> segments;
   std::unordered_map<int64_t, Segment*> carving;  // per stream: the small segment being cut
   std::vector<Pending> pending;
@@ -265,7 +279,11 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     count(d.stats, b->segment->small, &DeviceStats::active, -1);
     count(d.stats, b->segment->small, &DeviceStats::active_bytes, -static_cast<int64_t>(b->size));
     b->segment->busy -= 1;
-    (b->segment->small ? d.free_small : d.free_large).insert(b);
+    if (b->segment->small) {
+      d.free_small[SmallKey{b->stream, b->size}].push_back(b);
+    } else {
+      d.free_large.insert(b);
+    }
   }
 
   // Blocks whose streams have passed their recorded events go back to their pools.
@@ -304,13 +322,20 @@ class DeviceAllocator final : public c10::DeviceAllocator {
 
   // A cached free block of this stream: the same size for small requests, at most 1/8 larger for large.
   Block* reuse(c10::DeviceIndex device, int64_t stream, size_t size, bool small) {
-    auto& pool = small ? state(device).free_small : state(device).free_large;
+    if (small) {
+      auto it = state(device).free_small.find(SmallKey{stream, size});
+      if (it == state(device).free_small.end() || it->second.empty()) return nullptr;
+      Block* b = it->second.back();
+      it->second.pop_back();
+      return b;
+    }
+    auto& pool = state(device).free_large;
     Block key;
     key.stream = stream;
     key.size = size;
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    if ((*it)->size != size && (small || (*it)->size > size + size / 8)) return nullptr;
+    if ((*it)->size > size + size / 8) return nullptr;
     Block* b = *it;
     pool.erase(it);
     return b;
@@ -398,8 +423,17 @@ class DeviceAllocator final : public c10::DeviceAllocator {
         ++it;
         continue;
       }
-      for (Block* b : seg->blocks) {
-        (seg->small ? d.free_small : d.free_large).erase(b);
+      for (Block* b : seg->blocks) {  // every one is free (busy == 0)
+        if (seg->small) {
+          auto stack = d.free_small.find(SmallKey{b->stream, b->size});
+          if (stack != d.free_small.end()) {  // (always: with busy == 0, every block of the segment is free)
+            auto& blocks = stack->second;
+            blocks.erase(std::remove(blocks.begin(), blocks.end(), b), blocks.end());
+            if (blocks.empty()) d.free_small.erase(stack);
+          }
+        } else {
+          d.free_large.erase(b);
+        }
         delete b;
       }
       auto carving = d.carving.find(seg->stream);
