@@ -140,18 +140,11 @@ class DeviceAllocator final : public c10::DeviceAllocator {
       if (it != capture_pools_.end()) stream = it->second;
     }
     Block* b = take(device, stream, nbytes);
-    return {b->ptr, b, &DeviceAllocator::deleter, where};  // the block is the context its deleter gets
+    blocks_.emplace(b->ptr, b);
+    return {b->ptr, b->ptr, &DeviceAllocator::deleter, where};
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &DeviceAllocator::deleter; }
-
-  // A data pointer is simple when it is the start of what its context owns: copy-on-write clones
-  // (torch._lazy_clone) share only those. The context here is the block, not the address.
-  bool is_simple_data_ptr(const c10::DataPtr& ptr) const override {
-    if (ptr.get_deleter() != &DeviceAllocator::deleter) return false;  // wrapped (copy-on-write, ...)
-    const auto* b = static_cast<const Block*>(ptr.get_context());
-    return b == nullptr ? ptr.get() == nullptr : b->ptr == ptr.get();
-  }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     const c10::DeviceIndex device = current_device();
@@ -169,7 +162,9 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get() == nullptr || ptr.get_deleter() != &DeviceAllocator::deleter) return;
     std::lock_guard<std::mutex> lock(mu_);
-    auto* b = static_cast<Block*>(ptr.get_context());
+    auto it = blocks_.find(ptr.get());
+    if (it == blocks_.end()) return;
+    Block* b = it->second;
     if (stream.id() == b->stream && stream.device_index() == device_of(b)) return;
     if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
   }
@@ -232,8 +227,12 @@ class DeviceAllocator final : public c10::DeviceAllocator {
     if (capturing_ == 0) release_segments(device, [key](const Segment* seg) { return seg->stream == key; });
   }
 
-  void free_block(Block* b) {
+  void free_block(void* ptr) {
     std::lock_guard<std::mutex> lock(mu_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) return;
+    Block* b = it->second;
+    blocks_.erase(it);
     const c10::DeviceIndex device = device_of(b);
     DeviceState& d = state(device);
     b->allocated = false;
@@ -257,7 +256,7 @@ class DeviceAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-  static void deleter(void* block);
+  static void deleter(void* ptr);
 
   DeviceState& state(c10::DeviceIndex device) {
     if (devices_.size() < static_cast<size_t>(device_count())) devices_.resize(device_count());
@@ -449,6 +448,9 @@ class DeviceAllocator final : public c10::DeviceAllocator {
 
   std::mutex mu_;
   std::vector<DeviceState> devices_;
+  // Allocated blocks by address. A DataPtr's context stays its address, not its block: torch's
+  // copy-on-write clones (torch._lazy_clone) take over a context as the data pointer itself.
+  std::unordered_map<void*, Block*> blocks_;
   struct PoolUse {
     int64_t key;  // the pool's blocks' `stream`
     int users;    // graphs using it (captured into it or sharing it)
@@ -464,9 +466,8 @@ DeviceAllocator& DeviceAllocator::instance() {
   return *a;
 }
 
-// An allocated block stays until its segment has no block in use (release_segments).
-void DeviceAllocator::deleter(void* block) {
-  if (block != nullptr) instance().free_block(static_cast<Block*>(block));
+void DeviceAllocator::deleter(void* ptr) {
+  if (ptr != nullptr) instance().free_block(ptr);
 }
 
 }  // namespace
