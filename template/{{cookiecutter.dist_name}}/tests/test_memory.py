@@ -24,8 +24,9 @@ def test_allocator_stats(mod):
 
 
 def test_a_lazy_clone_shares_memory_until_one_side_is_written(mod):
-    # copy-on-write (torch._lazy_clone) takes only allocations whose data pointer is the start of
-    # what the allocator's context owns (Allocator::is_simple_data_ptr)
+    # copy-on-write (torch._lazy_clone) shares only a storage whose DataPtr's context is its data
+    # pointer (Allocator::is_simple_data_ptr), and takes the context over as the data pointer when
+    # the last reference is written: the device allocator's context must stay the address
     gc.collect()
     x = torch.arange(262144, dtype=torch.float32, device=f"{DEVICE}:0")  # 1 MiB
     before = torch.accelerator.memory_allocated(0)

@@ -253,7 +253,7 @@ class Shape {
 
  private:
   const int64_t* data() const { return dim_ <= kInline ? inline_ : heap_.data(); }
-  int64_t inline_[2 * kInline];  // sizes, then strides (the first 2 * dim_)
+  int64_t inline_[2 * kInline] = {};  // sizes, then strides (the first 2 * dim_; the rest zero, as copies read it)
   std::vector<int64_t> heap_;    // the same, past kInline dimensions
   size_t dim_ = 0;
 };
