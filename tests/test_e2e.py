@@ -163,6 +163,17 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
         "aten::mse_loss",
     ]:
         assert op in recorded, op
+    # mse_loss's CPU kernel puts the unreduced loss in its out first (reallocating the memory under
+    # it), then the mean: the queued kernel copies that result to the device memory, whether the out
+    # had the right size or none (then the host sized it, and queued the call)
+    code = (
+        "import torch; a, b = torch.randn(4, 5), torch.randn(4, 5); want = torch.ops.aten.mse_loss(a, b, 1); "
+        f"outs = [torch.empty((), device='{device}'), torch.empty(0, device='{device}')]; "
+        f"[torch.ops.aten.mse_loss.out(a.to('{device}'), b.to('{device}'), 1, out=o) for o in outs]; "
+        "print([o.shape == want.shape and bool(torch.allclose(o.cpu(), want)) for o in outs])"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    assert ran.returncode == 0 and ran.stdout.strip() == "[True, True]", ran.stdout + ran.stderr
 
     # every new operator's generated test ran for real on the device (none skipped for want of
     # samples), read from add-op's own run of them rather than run again

@@ -221,12 +221,13 @@ def test_a_project_without_queued_kernels_gets_the_cpu_class_run_on_the_calling_
 def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
     plan = kernelgen.plan_kernel(db, db.resolve("add.out"))
     text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x")
-    # the C++ meta function, not the dispatcher's Meta kernel (a Python registration, 100x slower)
-    # queued only if the output keeps its geometry (a resize takes the calling thread's path, whose
-    # write-back follows a CPU kernel that reshapes its output again, as mse_loss's reduction does)
+    # the C++ meta function, not the dispatcher's Meta kernel (a Python registration, 100x slower);
+    # queued if the output keeps its geometry or, being empty, is given the meta function's (a
+    # structured CPU kernel sizes its outputs exactly so); an output with elements to resize takes
+    # the calling thread's path
     assert (
         "const bool queue = kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), "
-        "kernels::meta_like(other), alpha, out_m); }) && kernels::same_geometry(out, out_m);"
+        "kernels::meta_like(other), alpha, out_m); }) && kernels::resize_empty_out(out, out_m);"
     ) in text
     # one body: without a meta kernel in the installed torch, or for an output to resize, the same
     # launch runs it on the calling thread, in order (queue = false)
@@ -235,6 +236,18 @@ def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
     assert out_kernel.count("at::_ops::add_out::call(") == 1
     assert "at::_ops::add_out::call(self.get(), other.get(), kernels::pass(alpha), out.get());" in out_kernel
     assert "StreamScope" not in text and "write_back(" not in text
+
+
+def test_only_a_structured_out_kernel_resizes_an_empty_out_on_the_host(db):
+    # its CPU kernel sizes the outputs as the meta function did and leaves them so; another out=
+    # kernel's pre-pass runs the dispatcher's Meta kernel (often a Python decomposition), whose
+    # geometry the CPU kernel need not follow: its resize stays on the calling thread
+    both = kernelgen.queued_body(db.resolve("nll_loss_forward.output"))
+    assert both.condition == (
+        "kernels::resize_empty_out(output, output_m) && kernels::resize_empty_out(total_weight, total_weight_m)"
+    )
+    assert kernelgen.queued_body(db.resolve("abs.out")).condition == "kernels::same_geometry(out, out_m)"
+    assert kernelgen.queued_body(db.resolve("add_.Tensor")).condition == "kernels::same_geometry(self, self_m)"
 
 
 def test_a_kernel_returning_a_list_lets_the_launch_fill_it_without_a_meta_kernel(db):

@@ -431,6 +431,7 @@ class QueuedBody:
     work: list[str]  # the queued computation
     ret: str | None
     condition: str = ""  # beside the pre-pass: what else must hold for the kernel to be queued
+    grows: bool = False  # the condition resizes an empty out= argument on the host (structured ops)
 
 
 def queued(op: Op, *, features: frozenset[str] | None = None) -> bool:
@@ -504,8 +505,17 @@ def queued_body(op: Op) -> QueuedBody:
         call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
-    # a written argument the operator would resize: the calling thread's path (write-back follows it)
-    condition = " && ".join(f"{K}::same_geometry({n}, {n}_m)" for n in writes)
+    # A written argument the operator would resize: the calling thread's path (write-back follows
+    # it). But a structured operator's CPU kernel sizes its outputs exactly as its meta function did
+    # and leaves them so: an empty out= argument of one is given that geometry on the host, and the
+    # call is queued (`resize_empty_out`; the CPU fallback does the same).
+    grows = op.kind == "out" and meta_function(op) is not None
+    condition = " && ".join(
+        f"{K}::{'resize_empty_out' if grows and a.kind.is_tensor else 'same_geometry'}({a.name}, {a.name}_m)"
+        for a in op.args
+        if a.name in writes
+    )
+    grows = grows and "resize_empty_out" in condition
     kind = op.return_kind
     if kind in (ReturnKind.NONE, ReturnKind.TENSOR_REF, ReturnKind.TUPLE_OF_REFS):
         ret = (
@@ -515,7 +525,7 @@ def queued_body(op: Op) -> QueuedBody:
             if kind is ReturnKind.TENSOR_REF
             else f"::std::forward_as_tuple({', '.join(writes)})"
         )
-        return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret, condition)
+        return QueuedBody(meta_decls, meta_call, on_host, captures, [call + ";"], ret, condition, grows)
     if kind is ReturnKind.TENSOR:
         return QueuedBody(
             meta_decls + ["at::Tensor result_m;"],

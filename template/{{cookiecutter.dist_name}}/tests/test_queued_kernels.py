@@ -4,7 +4,8 @@ the host, queue their computation on the current stream and return without waiti
 Each case holds the stream (`_held_stream`: nothing queued on it runs until the block ends), calls a
 kernel written by hand in csrc/aten/ (the fused LSTM and GRU cells and their backward, scaled
 dot-product attention and its backward, a matmul with out_dtype=, histc, arange, the SyncBatchNorm
-statistics operators, batch norm), and records an event: a kernel that waited for the stream to
+statistics operators, batch norm) or a generated out= kernel given an empty out (add-op's default
+kernels), and records an event: a kernel that waited for the stream to
 drain would return only once the hold timed out, the event would be complete, and the hold fails
 the block. Then the results are compared with the CPU. On a driver without queued host work (the
 minimal driver) every kernel runs before the call returns, and these tests skip.
@@ -184,6 +185,29 @@ def _arange_reference():
     ]
 
 
+def _empty_out_inputs():
+    return [_randn(6, 5, seed=1), _randn(6, 5, seed=2), _randn(5, 3, seed=3), _randn(2, 3, 4, 4, seed=4)]
+
+
+def _empty_out_device(a, b, m, x):
+    # generated kernels of structured operators (the project's default add-op kernels) with an empty
+    # out: the host gives it the size (and, for a channels-last input, the strides) the CPU kernel
+    # would, and queues the call
+    outs = [torch.empty(0, device=a.device) for _ in range(6)]
+    x = x.to(memory_format=torch.channels_last)
+    torch.add(a, b, alpha=2, out=outs[0])
+    torch.mm(a, m, out=outs[1])
+    torch.sum(a, 1, out=outs[2])
+    torch.lerp(a, b, 0.25, out=outs[3])
+    torch.addcmul(a, a, b, value=0.5, out=outs[4])
+    torch.add(x, x, out=outs[5])
+    return outs
+
+
+def _empty_out_reference(a, b, m, x):
+    return [torch.add(a, b, alpha=2), a @ m, a.sum(1), torch.lerp(a, b, 0.25), torch.addcmul(a, a, b, value=0.5), x + x]
+
+
 EPS = 1e-5
 
 
@@ -241,6 +265,7 @@ CASES = {
     "out_dtype_matmul": (_out_dtype_inputs, _out_dtype_device, _out_dtype_reference),
     "histc": (_histc_inputs, _histc_device, _histc_reference),
     "arange": (_arange_inputs, _arange_device, _arange_reference),
+    "generated_kernels_empty_out": (_empty_out_inputs, _empty_out_device, _empty_out_reference),
     "sync_batch_norm": (_sync_bn_inputs, _sync_bn_device, _bn_reference),
     "native_batch_norm": (_sync_bn_inputs, _bn_device, _native_bn_reference),
 }
@@ -267,6 +292,15 @@ def test_a_template_kernel_returns_before_the_stream_reaches_it(mod, case):
         assert got.device.type == DEVICE, (case, i)
         assert got.shape == want.shape and got.dtype == want.dtype, (case, i, got.shape, got.dtype)
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4, msg=f"{case}: result {i}")
+
+
+def test_an_empty_out_takes_the_strides_the_cpu_kernel_gives_it():
+    x = _randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    on_cpu, on_device = torch.empty(0), torch.empty(0, device=DEVICE)
+    torch.add(x, x, out=on_cpu)
+    torch.add(x.to(DEVICE), x.to(DEVICE), out=on_device)
+    assert on_device.shape == on_cpu.shape and on_device.stride() == on_cpu.stride()
+    torch.testing.assert_close(on_device.cpu(), on_cpu)
 
 
 @pytest.mark.parametrize(

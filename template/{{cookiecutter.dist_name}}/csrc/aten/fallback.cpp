@@ -1089,13 +1089,6 @@ bool meta_storage_of_argument(const MetaRun& meta, const at::Tensor& r) {
   return false;
 }
 
-// An out= argument with no elements that the meta kernel resized to dense memory: the host resizes
-// it the same way before it queues the call (resize_output does not warn for an empty tensor).
-bool grows_from_empty(const at::Tensor& device_t, const at::Tensor& meta) {
-  return device_t.numel() == 0 && meta.storage_offset() == device_t.storage_offset() &&
-         meta.is_non_overlapping_and_dense();
-}
-
 // Whether this call can be queued with the outputs the meta pass decided: every written argument
 // keeps its geometry (or is an empty out= that grows), and every new result is new dense memory.
 bool queueable(const torch::jit::Stack& stack, const Plan& plan, const MetaRun& meta) {
@@ -1103,7 +1096,7 @@ bool queueable(const torch::jit::Stack& stack, const Plan& plan, const MetaRun& 
     const at::Tensor& m = meta.args[plan.written[i]].toTensor();
     const at::Tensor& d = stack[plan.begin + plan.written[i]].toTensor();
     if (m.dtype() != d.dtype()) return false;
-    if (!kernels::same_geometry(d, m) && !(plan.written_out[i] && grows_from_empty(d, m))) return false;
+    if (!kernels::same_geometry(d, m) && !(plan.written_out[i] && kernels::grows_from_empty(d, m))) return false;
   }
   for (size_t r = 0; r < plan.ret_arg.size(); ++r) {
     const at::Tensor& m = meta.results[r];
@@ -1250,9 +1243,7 @@ void queue_call(const c10::OperatorHandle& op, torch::jit::Stack* stack, const P
   for (size_t i = 0; i < plan.written.size(); ++i) {
     at::Tensor out = (*stack)[plan.begin + plan.written[i]].toTensor();
     const at::Tensor& m = meta[plan.ret_arg.size() + i];
-    if (kernels::same_geometry(out, m)) continue;
-    out.resize_(m.sizes());
-    if (out.strides() != m.strides()) out.as_strided_(m.sizes(), m.strides(), m.storage_offset());
+    if (!kernels::same_geometry(out, m)) kernels::take_geometry(out, m);
   }
   auto call = std::make_shared<QueuedCall>(op);
   call->trust = plan.trust;

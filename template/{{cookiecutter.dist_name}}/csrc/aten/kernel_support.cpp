@@ -445,6 +445,12 @@ AliasesBack::~AliasesBack() {
   --lending;
 }
 
+void AliasesBack::check() {
+  for (size_t i = first_; i < lent_aliases.size(); ++i) {
+    if (lent_aliases[i].second == &Held::let_go) static_cast<Held*>(lent_aliases[i].first)->carry_back();
+  }
+}
+
 void launch_wrapped(c10::Device device, const char* name, std::function<void()> work) {
   const int index = device.index() >= 0 ? device.index() : runtime::current_device();
   const int64_t stream = runtime::current_stream_id(static_cast<c10::DeviceIndex>(index));
@@ -615,6 +621,24 @@ bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta
   return true;
 }
 
+bool grows_from_empty(const at::Tensor& device_t, const at::Tensor& meta) {
+  return device_t.defined() && meta.defined() && device_t.numel() == 0 &&
+         meta.storage_offset() == device_t.storage_offset() && meta.is_non_overlapping_and_dense();
+}
+
+void take_geometry(const at::Tensor& device_t, const at::Tensor& meta) {
+  at::Tensor t = device_t;  // the same TensorImpl
+  t.resize_(meta.sizes());
+  if (t.strides() != meta.strides()) t.as_strided_(meta.sizes(), meta.strides(), meta.storage_offset());
+}
+
+bool resize_empty_out(const at::Tensor& device_t, const at::Tensor& meta) {
+  if (same_geometry(device_t, meta)) return true;
+  if (!grows_from_empty(device_t, meta)) return false;
+  take_geometry(device_t, meta);
+  return true;
+}
+
 detail::Shape::Shape(c10::IntArrayRef sizes, c10::IntArrayRef strides) : dim_(sizes.size()) {
   int64_t* out = inline_;
   if (dim_ > kInline) {
@@ -655,12 +679,27 @@ at::Tensor& Held::get() {
     detail::in_place->held.push_back(this);
   }
   if (device_ && !tensor_.defined()) {
-    tensor_ = pooled_alias(
-        Geometry{host_memory(memory_, nbytes_, nullptr), nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_,
-               conj_, neg_});
-    note_lent(tensor_);
+    host_ = host_memory(memory_, nbytes_, nullptr);
+    tensor_ = pooled_alias(Geometry{host_, nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_, conj_, neg_});
+    if (lending > 0 && detail::in_place == nullptr) lent_aliases.emplace_back(this, &Held::let_go);
   }
   return tensor_;
+}
+
+void Held::let_go(void* held) { static_cast<Held*>(held)->tensor_ = at::Tensor(); }
+
+void Held::carry_back() {
+  const c10::TensorImpl* alias = tensor_.unsafeGetTensorImpl();
+  const bool same = alias->sizes() == shape_.sizes() && alias->strides() == shape_.strides() &&
+                    alias->storage_offset() == offset_;
+  if (same && alias->storage().data() == host_) return;  // as a rule
+  TORCH_CHECK(same, "the CPU kernel left a device argument with sizes ", alias->sizes(), " and strides ",
+              alias->strides(), " where its meta function decided ", shape_.sizes(), " and ", shape_.strides(),
+              " (the device tensor keeps those); give the operator a kernel whose outputs are decided on the host "
+              "as its CPU kernel decides them");
+  at::Tensor device_memory = make_alias(
+      Geometry{host_, nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_, conj_, neg_});
+  at::_ops::copy_::call(device_memory, tensor_, false);  // the result, from the memory the kernel moved it to
 }
 
 HeldOptional::HeldOptional(const std::optional<at::Tensor>& t) {

@@ -129,11 +129,16 @@ class StreamScope {
 
 namespace detail {
 // Around queued work, on the thread that runs it: the host aliases its `held` arguments made go back
-// to that thread's pool when it returns (kernel_support.cpp).
+// to that thread's pool when it returns (kernel_support.cpp). `check()`, once the work has returned:
+// every device argument's alias is still its device memory with the geometry the host gave it —
+// a CPU kernel that reallocated an out= argument and brought it back to that geometry (mse_loss's
+// reduction: the unreduced loss first, in the out) has its result copied to the device memory; one
+// that left another geometry than its meta function decided raises.
 class AliasesBack {
  public:
   AliasesBack();
   ~AliasesBack();
+  void check();
   AliasesBack(const AliasesBack&) = delete;
   AliasesBack& operator=(const AliasesBack&) = delete;
 
@@ -150,6 +155,7 @@ void launch(c10::Device device, const char* name, Work&& work) {
   detail::launch_wrapped(device, name, std::function<void()>([work = std::forward<Work>(work)]() mutable {
     detail::AliasesBack back;
     work();
+    back.check();
   }));
 }
 
@@ -238,6 +244,17 @@ std::vector<at::Tensor> empty_like_meta(const std::vector<at::Tensor>& meta, c10
 bool same_geometry(const at::Tensor& device_t, const at::Tensor& meta);
 bool same_geometry(at::ITensorListRef device_ts, const std::vector<at::Tensor>& meta);
 bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta);
+// An out= argument with no elements that the pre-pass resized to dense memory at its own offset:
+// the host can give it that geometry before the call is queued, as the CPU kernel's resize_output
+// would (which warns only for a tensor with elements).
+bool grows_from_empty(const at::Tensor& device_t, const at::Tensor& meta);
+// Gives `device_t` the sizes and strides of `meta` (grows_from_empty), through the device's resize_.
+void take_geometry(const at::Tensor& device_t, const at::Tensor& meta);
+// A structured operator's out= argument (its CPU kernel sizes its outputs as the meta function did,
+// and leaves them so): true if `device_t` has the geometry the pre-pass gave `meta`, or had no
+// elements and has been given it here — the call is then queued, and the caller sees the new size
+// at once; false for an out with elements of another size, which the call resizes in place.
+bool resize_empty_out(const at::Tensor& device_t, const at::Tensor& meta);
 
 namespace detail {
 // A tensor's sizes and strides as queued work keeps them: up to kInline dimensions in the object
@@ -271,11 +288,15 @@ class Held {
 
  private:
   friend class detail::RunInPlace;
+  friend class detail::AliasesBack;
   friend class HeldOptionalList;  // its elements are copies: they have no source to write back to
+  static void let_go(void* held);  // queued work's end: the alias goes back to the pool
+  void carry_back();               // see AliasesBack::check
   at::Tensor tensor_;             // the CPU copy, or the host alias once made
   at::Tensor* source_ = nullptr;  // the tensor it was made from: read only by a launch run in place
   bool device_ = false;           // a device tensor (else tensor_ is all there is)
   const void* memory_ = nullptr;  // its storage's device address
+  void* host_ = nullptr;          // the host address its alias was made on
   size_t nbytes_ = 0;
   detail::Shape shape_;
   int64_t offset_ = 0;
