@@ -40,6 +40,9 @@ def main() -> None:
         "torch.eye(64)": lambda: torch.eye(64, device=DEV),
         "torch.polar": lambda: torch.polar(r, th),
         "tanh(out=empty(0))": lambda: torch.tanh(x, out=torch.empty(0, device=DEV)),
+        # the default add-op kernels of structured operators
+        "sum(out=empty(0))": lambda: torch.sum(x, 1, out=torch.empty(0, device=DEV)),
+        "mm(out=empty(0))": lambda: torch.mm(x, x, out=torch.empty(0, device=DEV)),
         "torch.sigmoid": lambda: torch.sigmoid(x),
         "torch.arange(64)": lambda: torch.arange(64, device=DEV),
         "torch.tril_indices": lambda: torch.tril_indices(64, 64, device=DEV),

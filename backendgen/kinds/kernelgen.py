@@ -506,9 +506,10 @@ def queued_body(op: Op) -> QueuedBody:
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
     # A written argument the operator would resize: the calling thread's path (write-back follows
-    # it). But a structured operator's CPU kernel sizes its outputs exactly as its meta function did
-    # and leaves them so: an empty out= argument of one is given that geometry on the host, and the
-    # call is queued (`resize_empty_out`; the CPU fallback does the same).
+    # it). But a structured operator's CPU kernel ends with its outputs as its meta function sized
+    # them (the C++ meta function the pre-pass calls): an empty out= argument of one is given that
+    # geometry on the host, and the call is queued (`resize_empty_out`; the CPU fallback does the
+    # same; a kernel that moves an output meanwhile is followed by the launch's AliasesBack::check).
     grows = op.kind == "out" and meta_function(op) is not None
     condition = " && ".join(
         f"{K}::{'resize_empty_out' if grows and a.kind.is_tensor else 'same_geometry'}({a.name}, {a.name}_m)"

@@ -250,8 +250,9 @@ bool same_geometry(at::TensorList device_ts, const std::vector<at::Tensor>& meta
 bool grows_from_empty(const at::Tensor& device_t, const at::Tensor& meta);
 // Gives `device_t` the sizes and strides of `meta` (grows_from_empty), through the device's resize_.
 void take_geometry(const at::Tensor& device_t, const at::Tensor& meta);
-// A structured operator's out= argument (its CPU kernel sizes its outputs as the meta function did,
-// and leaves them so): true if `device_t` has the geometry the pre-pass gave `meta`, or had no
+// A structured operator's out= argument (its CPU kernel ends with its outputs as the meta function
+// sized them; one that moves an output meanwhile, as mse_loss's does, is followed by
+// AliasesBack::check): true if `device_t` has the geometry the pre-pass gave `meta`, or had no
 // elements and has been given it here — the call is then queued, and the caller sees the new size
 // at once; false for an out with elements of another size, which the call resizes in place.
 bool resize_empty_out(const at::Tensor& device_t, const at::Tensor& meta);
