@@ -183,6 +183,27 @@ def test_add_ops_rebuild_run_their_tests_and_check(project_copy):
     assert passed and int(passed.group(1)) >= len(rest), summary
     assert "failed" not in summary and "skipped" not in summary, summary
 
+    # a random operator's kernel draws from the device's generators, the draw reserved on the host:
+    # a device Generator is accepted (the CPU kernel would refuse it), the same seed gives the same
+    # numbers, the first draw after torch.manual_seed(s) is the CPU's, and the call is queued
+    res = api.add_ops(["_standard_gamma"], root, test_it=False)
+    assert res.built and res.added == ["aten::_standard_gamma"], res
+    code = (
+        f"import torch; dev = '{device}'; mod = getattr(torch, dev); x = torch.full((500,), 4.0, device=dev); "
+        "g = torch.Generator(device=dev); g.manual_seed(5); a = torch._standard_gamma(x, generator=g); "
+        "g.manual_seed(5); b = torch._standard_gamma(x, generator=g); "
+        "torch.manual_seed(5); c = torch._standard_gamma(x); torch.manual_seed(5); d = torch._standard_gamma(x.cpu()); "
+        "queued = None\n"
+        "if 'host_tasks' in mod.capabilities():\n"
+        "    mod.synchronize()\n"
+        "    with mod._held_stream():\n"
+        "        torch._standard_gamma(x); done = torch.Event(device=dev); done.record(); queued = not done.query()\n"
+        "print(torch.equal(a.cpu(), b.cpu()), torch.equal(c.cpu(), d), abs(float(a.mean()) - 4) < 0.5, queued)"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/")
+    want = "True True True " + ("None" if _meta(root)["driver"] == "minimal" else "True")
+    assert ran.returncode == 0 and ran.stdout.strip() == want, ran.stdout + ran.stderr
+
     # adding an op that is there is a no-op
     before = {p: p.read_bytes() for p in root.rglob("*.cpp")}
     res = api.add_ops(["abs.out"], root)

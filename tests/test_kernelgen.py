@@ -250,6 +250,16 @@ def test_only_a_structured_out_kernel_resizes_an_empty_out_on_the_host(db):
     assert kernelgen.queued_body(db.resolve("add_.Tensor")).condition == "kernels::same_geometry(self, self_m)"
 
 
+def test_a_random_kernel_reserves_its_draw_on_the_host_and_queues_it(db):
+    op = db.resolve("_standard_gamma")
+    body = kernelgen.queued_body(op)
+    assert "generator = runtime::reserve(generator, run_on)" in body.captures  # in host call order
+    assert body.meta_call.endswith("(kernels::meta_like(self), ::std::nullopt)")  # the pre-pass draws nothing
+    assert "::std::optional<at::Generator>(generator.host())" in body.work[0]
+    text = kernelgen.render_kernel(kernelgen.plan_kernel(db, op), device="npu", source_path="x", torch_version="x")
+    assert "#include <runtime/generator.h>" in text and "kernels::StreamScope" not in text
+
+
 def test_a_kernel_returning_a_list_lets_the_launch_fill_it_without_a_meta_kernel(db):
     body = kernelgen.queued_body(db.resolve("_foreach_add.List"))
     # held(result) on the vector itself: a launch run in place (no meta kernel) gives it the
@@ -265,7 +275,8 @@ def test_a_kernel_returning_a_list_lets_the_launch_fill_it_without_a_meta_kernel
         ("native_batch_norm", True),
         ("_foreach_add_.List", True),
         ("nonzero", False),  # its output's size depends on the data
-        ("bernoulli_.float", False),  # draws from a generator the host reads
+        ("bernoulli_.float", True),  # its Generator? argument: the host reserves the draw
+        ("native_dropout", False),  # draws from the CPU's default generator (no Generator argument)
         ("t_", False),  # metadata changed in place
         ("_local_scalar_dense", False),  # a value for the host
     ],

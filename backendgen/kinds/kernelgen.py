@@ -391,9 +391,13 @@ def check_supported(op: Op, *, features: frozenset[str] | None = None, callee: s
 
 # Operators whose kernel the host must wait for, by their tags in native_functions.yaml: output
 # sizes that depend on the data (nonzero, unique, masked_select), a value for the host (item,
-# equal), metadata changed in place (t_, squeeze_), random numbers drawn from a generator the host
-# reads (bernoulli_, dropout: the generator's state must advance in host order).
+# equal), metadata changed in place (t_, squeeze_), random numbers drawn from the CPU's default
+# generator (an operator tagged nondeterministic_seeded without a Generator argument: nothing
+# can hand its CPU kernel the device's generator). One with a `Generator?` argument is queued: the
+# host reserves its offset of the device's generator (runtime::reserve), so what it draws is fixed
+# by the host's call order, and the queued CPU kernel draws with the generator derived from it.
 _HOST_WAITS_TAGS = {"dynamic_output_shape", "data_dependent_output", "inplace_view", "nondeterministic_seeded"}
+_GENERATOR = "::std::optional<at::Generator>"
 _QUEUED_RETURNS = {
     ReturnKind.NONE,
     ReturnKind.TENSOR_REF,
@@ -438,9 +442,11 @@ def queued(op: Op, *, features: frozenset[str] | None = None) -> bool:
     """Whether `op`'s kernel is queued on the stream (else it runs on the calling thread)."""
     if not _queued_kernels(features) or not _common_device(features) or is_view(op):
         return False
-    if _HOST_WAITS_TAGS & set(op.tags) or any(a.kind not in _QUEUED_ARGS for a in op.args):
+    generators = [a for a in op.args if "Generator" in a.cpp_type]
+    if any(a.cpp_type != _GENERATOR for a in generators):
         return False
-    if any("Generator" in a.cpp_type for a in op.args):
+    tags = set(op.tags) - ({"nondeterministic_seeded"} if generators else set())
+    if _HOST_WAITS_TAGS & tags or any(a.kind not in _QUEUED_ARGS for a in op.args):
         return False
     return op.return_kind in _QUEUED_RETURNS and any(a.kind.holds_tensors for a in op.args)
 
@@ -499,10 +505,17 @@ def queued_body(op: Op) -> QueuedBody:
             else:
                 meta_args.append(f"{K}::meta_like({n})")
             captures.append(f"{n} = {K}::held({n})")
+        elif a.cpp_type == _GENERATOR:
+            # the pre-pass draws nothing; the launch reserves the draw on the host (runtime/generator.h)
+            meta_args.append("::std::nullopt")
+            captures.append(f"{n} = runtime::reserve({n}, run_on)")
         else:
             meta_args.append(n)
             captures.append(f"{n} = {K}::keep({n})")
-        call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
+        if a.cpp_type == _GENERATOR:
+            call_args.append(f"{_GENERATOR}({n}.host())")
+        else:
+            call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
     # A written argument the operator would resize: the calling thread's path (write-back follows
@@ -681,6 +694,9 @@ def render_kernel(
     functional = functional_body(plan)
     if launch is not None and meta_function(op) is not None:
         headers.append(f"ATen/ops/{op.root}_meta_dispatch.h")
+    draws = launch is not None and any(a.cpp_type == _GENERATOR for a in op.args)
+    if draws:
+        headers.append("runtime/generator.h")  # runtime::reserve
     if functional is not None and functional.queued:
         headers.append(f"ATen/ops/{plan.functional.root}_meta.h")
     return (
@@ -688,6 +704,7 @@ def render_kernel(
         .get_template("kernel.cpp.j2")
         .render(
             queued=launch,
+            draws=draws,
             stream_scope=stream_scope_line(op),
             device=device,
             torch_version=torch_version,
