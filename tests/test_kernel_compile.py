@@ -66,6 +66,12 @@ def test_every_argument_and_return_type_compiles_on_its_own(rendered_project, tm
     (tmp_path / "aten" / "kernel_support.h").write_text(
         support.replace(f"namespace {ns}::kernels", f"namespace {device}::kernels")
     )
+    # and runtime/generator.h, which random kernels include (runtime::reserve)
+    generator = (rendered_project / "csrc" / "runtime" / "generator.h").read_text()
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "runtime" / "generator.h").write_text(
+        generator.replace(f"namespace {ns}::runtime", f"namespace {device}::runtime")
+    )
     # Every kernel file includes kernel_support.h first, so gcc reads it from a precompiled copy
     # beside it: the same declarations, parsed once (the files then take 1-6 s each, not 5-10).
     # Without one (another compiler, a failed precompile) each file parses the header itself.
