@@ -75,7 +75,10 @@ def main() -> None:
     for g, w in zip(got, want, strict=True):
         if g.device.type != device:
             fail(f"the compiled function returned a tensor on {g.device}")
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        # a float32 sum of 128 values in another order (Inductor's loop against ATen's cascade sum)
+        # may differ by ~1e-5 of the sum: one CI run on a loaded machine saw 1.2e-5 in one row of
+        # 64, which six runs here did not reproduce
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     print(
         f"sin * b + 1, tanh, sum, amax: eager ran {', '.join(eager_fallback) or 'nothing'} on the CPU fallback; "
         f"compiled: {', '.join(compiled_fallback) or 'nothing'} (fused kernels on the device)"

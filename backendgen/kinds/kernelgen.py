@@ -490,32 +490,54 @@ def _meta_dispatch_header(root: str) -> str:
     return header.read_text() if header is not None and header.is_file() else ""
 
 
-def queued_body(op: Op) -> QueuedBody:
-    """The queued form of `op`'s kernel (call only when `queued(op)`)."""
-    meta_decls, meta_args, on_host, captures, call_args = [], [], [], [], []
-    writes = []
+@dataclass
+class _QueuedArgs:
+    """Each argument of a queued kernel in its four places (queued_body)."""
+
+    meta_decls: list[str] = field(default_factory=list)  # the written arguments' meta tensors
+    meta_args: list[str] = field(default_factory=list)  # the pre-pass's arguments
+    captures: list[str] = field(default_factory=list)  # what the queued computation keeps
+    call_args: list[str] = field(default_factory=list)  # the queued CPU call's arguments
+    writes: list[str] = field(default_factory=list)  # the written tensor arguments' names
+
+
+def _queued_args(op: Op) -> _QueuedArgs:
+    out = _QueuedArgs()
     for a in op.args:
         k, n = a.kind, a.name
         if k.holds_tensors:
             if a.is_write or k is ArgKind.MUTABLE_TENSOR:
                 held = _HELD_TYPE[k] if k is not ArgKind.TENSOR_LIST else "::std::vector<at::Tensor>"
-                meta_decls.append(f"{held} {n}_m = {K}::meta_like({n});")
-                meta_args.append(f"{n}_m")
-                writes.append(n)
+                out.meta_decls.append(f"{held} {n}_m = {K}::meta_like({n});")
+                out.meta_args.append(f"{n}_m")
+                out.writes.append(n)
             else:
-                meta_args.append(f"{K}::meta_like({n})")
-            captures.append(f"{n} = {K}::held({n})")
+                out.meta_args.append(f"{K}::meta_like({n})")
+            out.captures.append(f"{n} = {K}::held({n})")
+            out.call_args.append(f"{n}.get()")
         elif a.cpp_type == _GENERATOR:
             # the pre-pass draws nothing; the launch reserves the draw on the host (runtime/generator.h)
-            meta_args.append("::std::nullopt")
-            captures.append(f"{n} = runtime::reserve({n}, run_on)")
+            out.meta_args.append("::std::nullopt")
+            out.captures.append(f"{n} = runtime::reserve({n}, run_on)")
+            out.call_args.append(f"{_GENERATOR}({n}.host())")
         else:
-            meta_args.append(n)
-            captures.append(f"{n} = {K}::keep({n})")
-        if a.cpp_type == _GENERATOR:
-            call_args.append(f"{_GENERATOR}({n}.host())")
-        else:
-            call_args.append(f"{n}.get()" if k.holds_tensors else f"{K}::pass({n})")
+            out.meta_args.append(n)
+            out.captures.append(f"{n} = {K}::keep({n})")
+            out.call_args.append(f"{K}::pass({n})")
+    return out
+
+
+def queued_body(op: Op) -> QueuedBody:
+    """The queued form of `op`'s kernel (call only when `queued(op)`)."""
+    args = _queued_args(op)
+    meta_decls, meta_args, captures, call_args, writes = (
+        args.meta_decls,
+        args.meta_args,
+        args.captures,
+        args.call_args,
+        args.writes,
+    )
+    on_host: list[str] = []
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
     # A written argument the operator would resize: the calling thread's path (write-back follows
