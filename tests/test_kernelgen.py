@@ -223,8 +223,8 @@ def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
     text = kernelgen.render_kernel(plan, device="npu", source_path="x", torch_version="x")
     # the C++ meta function, not the dispatcher's Meta kernel (a Python registration, 100x slower);
     # queued if the output keeps its geometry or, being empty, is given the meta function's (a
-    # structured CPU kernel sizes its outputs exactly so); an output with elements to resize takes
-    # the calling thread's path
+    # structured CPU kernel ends with its outputs so); an output with elements to resize takes the
+    # calling thread's path
     assert (
         "const bool queue = kernels::on_meta([&] { at::meta::add_outf(kernels::meta_like(self), "
         "kernels::meta_like(other), alpha, out_m); }) && kernels::resize_empty_out(out, out_m);"
@@ -239,9 +239,10 @@ def test_out_kernels_check_on_meta_tensors_and_queue_their_computation(db):
 
 
 def test_only_a_structured_out_kernel_resizes_an_empty_out_on_the_host(db):
-    # its CPU kernel sizes the outputs as the meta function did and leaves them so; another out=
-    # kernel's pre-pass runs the dispatcher's Meta kernel (often a Python decomposition), whose
-    # geometry the CPU kernel need not follow: its resize stays on the calling thread
+    # its CPU kernel ends with the outputs as the meta function sized them (one that moves an output
+    # meanwhile, mse_loss's, is followed by the launch's check); another out= kernel's pre-pass runs
+    # the dispatcher's Meta kernel (often a Python decomposition), whose geometry the CPU kernel need
+    # not follow: its resize stays on the calling thread
     both = kernelgen.queued_body(db.resolve("nll_loss_forward.output"))
     assert both.condition == (
         "kernels::resize_empty_out(output, output_m) && kernels::resize_empty_out(total_weight, total_weight_m)"

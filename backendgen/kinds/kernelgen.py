@@ -17,6 +17,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from backendgen.kinds import jinja
 from backendgen.plumbing.errors import CompositeOpError, UserError
@@ -490,19 +491,18 @@ def _meta_dispatch_header(root: str) -> str:
     return header.read_text() if header is not None and header.is_file() else ""
 
 
-@dataclass
-class _QueuedArgs:
-    """Each argument of a queued kernel in its four places (queued_body)."""
+class _QueuedArgs(NamedTuple):
+    """Each argument of a queued kernel in its places (queued_body)."""
 
-    meta_decls: list[str] = field(default_factory=list)  # the written arguments' meta tensors
-    meta_args: list[str] = field(default_factory=list)  # the pre-pass's arguments
-    captures: list[str] = field(default_factory=list)  # what the queued computation keeps
-    call_args: list[str] = field(default_factory=list)  # the queued CPU call's arguments
-    writes: list[str] = field(default_factory=list)  # the written tensor arguments' names
+    meta_decls: list[str]  # the written arguments' meta tensors
+    meta_args: list[str]  # the pre-pass's arguments
+    captures: list[str]  # what the queued computation keeps
+    call_args: list[str]  # the queued CPU call's arguments
+    writes: list[str]  # the written tensor arguments' names
 
 
 def _queued_args(op: Op) -> _QueuedArgs:
-    out = _QueuedArgs()
+    out = _QueuedArgs([], [], [], [], [])
     for a in op.args:
         k, n = a.kind, a.name
         if k.holds_tensors:
@@ -529,14 +529,7 @@ def _queued_args(op: Op) -> _QueuedArgs:
 
 def queued_body(op: Op) -> QueuedBody:
     """The queued form of `op`'s kernel (call only when `queued(op)`)."""
-    args = _queued_args(op)
-    meta_decls, meta_args, captures, call_args, writes = (
-        args.meta_decls,
-        args.meta_args,
-        args.captures,
-        args.call_args,
-        args.writes,
-    )
+    meta_decls, meta_args, captures, call_args, writes = _queued_args(op)
     on_host: list[str] = []
     call = f"at::_ops::{op.ops_struct}::call({', '.join(call_args)})"
     meta_call = f"{meta_function(op) or f'at::_ops::{op.ops_struct}::call'}({', '.join(meta_args)})"
