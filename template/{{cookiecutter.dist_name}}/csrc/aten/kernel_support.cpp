@@ -234,12 +234,15 @@ void repoint(const at::Tensor& alias, const Geometry& g) {
 thread_local std::vector<std::pair<void*, void (*)(void*)>> lent_aliases;
 thread_local int lending = 0;
 
-// Inside queued work only: a launch run in place keeps its aliases, to write them back.
+// Inside queued work only (a launch run in place keeps its aliases, to write them back): `let_go`
+// gives back what `holder` holds when the work returns.
+void lend(void* holder, void (*let_go)(void*)) {
+  if (lending > 0 && detail::in_place == nullptr) lent_aliases.emplace_back(holder, let_go);
+}
+
 template <typename Holder>
 void note_lent(Holder& holder) {
-  if (lending > 0 && detail::in_place == nullptr) {
-    lent_aliases.emplace_back(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
-  }
+  lend(&holder, [](void* h) { *static_cast<Holder*>(h) = Holder(); });
 }
 
 // A host alias from this thread's pool (see above), or a new one when every slot is in use.
@@ -681,7 +684,7 @@ at::Tensor& Held::get() {
   if (device_ && !tensor_.defined()) {
     host_ = host_memory(memory_, nbytes_, nullptr);
     tensor_ = pooled_alias(Geometry{host_, nbytes_, shape_.sizes(), shape_.strides(), offset_, dtype_, conj_, neg_});
-    if (lending > 0 && detail::in_place == nullptr) lent_aliases.emplace_back(this, &Held::let_go);
+    lend(this, &Held::let_go);  // AliasesBack::check finds it by its let_go
   }
   return tensor_;
 }

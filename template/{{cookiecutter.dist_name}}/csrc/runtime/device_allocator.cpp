@@ -466,6 +466,7 @@ DeviceAllocator& DeviceAllocator::instance() {
   return *a;
 }
 
+// An allocated block stays until its segment has no block in use (release_segments).
 void DeviceAllocator::deleter(void* ptr) {
   if (ptr != nullptr) instance().free_block(ptr);
 }
